@@ -1,0 +1,65 @@
+/*
+ * Settings of SPEC §6: one snake_case name per setting, usable as
+ * `name = value` in the file and as `--set name=value`. config.c holds the
+ * table (type, bounds, default, reloadable) that parses, validates, prints
+ * and documents them.
+ */
+#ifndef KVIDXD_CONFIG_H
+#define KVIDXD_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum log_level { LOG_ERROR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG };
+enum log_format { LOG_TEXT = 0, LOG_JSON };
+enum fsync_policy { FSYNC_ALWAYS = 0, FSYNC_EVERYSEC, FSYNC_NO };
+enum loader_kind { LOADER_CATALOG = 0, LOADER_EXTERNAL };
+enum retention { RETENTION_TEMPORARY = 0, RETENTION_RETAIN };
+
+struct config {
+    char listen[256]; /* host:port */
+    char data_dir[1024];
+    enum fsync_policy fsync;
+    enum log_level log_level;
+    enum log_format log_format;
+    uint64_t l1_capacity_bytes; /* 0 = unbounded */
+    uint64_t l2_capacity_bytes;
+    enum loader_kind loader;
+    uint64_t load_timeout_ms;
+    enum retention prefetch_retention;
+    uint64_t default_lease_ms;
+    uint64_t max_lease_ms;
+    uint64_t handle_grace_ms;
+    uint64_t page_token_ttl_s;
+    uint64_t max_body_bytes;
+    uint64_t max_keys_per_request;
+    uint64_t max_header_bytes;
+    uint64_t max_uri_bytes;
+    uint64_t max_json_depth;
+    uint64_t header_timeout_ms;
+    uint64_t idle_timeout_ms;
+    uint64_t max_connections;
+    uint64_t max_conn_output_bytes;
+    uint64_t shutdown_timeout_ms;
+};
+
+/* Fills c with every default. */
+void config_defaults(struct config *c);
+/* Sets one setting from text. Returns 0, or KVIDX_EINVAL with a message
+ * naming the setting in err (errlen bytes). Unknown names are errors. */
+int config_set(struct config *c, const char *name, const char *value, char *err, size_t errlen);
+/* Reads an ini-style file of `name = value` lines (inih). Same errors, the
+ * message names the file, line and setting. */
+int config_load_file(struct config *c, const char *path, char *err, size_t errlen);
+/* 1 when the setting may change on SIGHUP. */
+int config_reloadable(const char *name);
+/* Calls fn for every setting whose value differs between a and b (name, old, new as text). */
+void config_diff(const struct config *a, const struct config *b,
+                 void (*fn)(void *ctx, const char *name, const char *from, const char *to),
+                 void *ctx);
+/* Writes the value of a setting as text. */
+int config_format(const struct config *c, const char *name, char *out, size_t cap);
+/* Iterates the table: the name of setting i, or NULL past the end. */
+const char *config_name(size_t i);
+
+#endif

@@ -1,0 +1,54 @@
+/*
+ * The allocation hook: libc by default, replaceable by tests to inject
+ * failures. This is the only mutable file-scope state in lib/, and it is
+ * configuration, not data: it is set once before use.
+ */
+#include "kvidx/alloc.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static kvidx_allocator_t alloc_hook;
+
+void kvidx_set_allocator(const kvidx_allocator_t *a)
+{
+    if (a)
+        alloc_hook = *a;
+    else
+        memset(&alloc_hook, 0, sizeof(alloc_hook));
+}
+
+void *kvidx_malloc(size_t size)
+{
+    if (alloc_hook.malloc)
+        return alloc_hook.malloc(alloc_hook.ctx, size);
+    return malloc(size);
+}
+
+void *kvidx_calloc(size_t n, size_t size)
+{
+    if (size && n > SIZE_MAX / size)
+        return NULL;
+    if (!alloc_hook.malloc)
+        return calloc(n, size);
+    void *p = kvidx_malloc(n * size);
+    if (p)
+        memset(p, 0, n * size);
+    return p;
+}
+
+void *kvidx_realloc(void *ptr, size_t size)
+{
+    if (alloc_hook.realloc)
+        return alloc_hook.realloc(alloc_hook.ctx, ptr, size);
+    return realloc(ptr, size);
+}
+
+void kvidx_free(void *ptr)
+{
+    if (alloc_hook.free)
+        alloc_hook.free(alloc_hook.ctx, ptr);
+    else
+        free(ptr);
+}
