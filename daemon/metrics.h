@@ -1,0 +1,29 @@
+/*
+ * Prometheus metrics (text format 0.0.4). Counters and histograms live in
+ * plain structs updated on the loop thread; /metrics renders them.
+ */
+#ifndef KVIDXD_METRICS_H
+#define KVIDXD_METRICS_H
+
+#include "buf.h"
+
+#include <stdint.h>
+
+struct app;
+struct metrics;
+
+struct metrics *metrics_new(void); /* NULL on out of memory */
+void metrics_free(struct metrics *m);
+/* One finished request: route label (router's name, "unknown" when none),
+ * HTTP status, and latency in seconds. */
+void metrics_observe_request(struct metrics *m, const char *route, int status, double seconds);
+/* Connection gauge and counters. */
+void metrics_conn_opened(struct metrics *m);
+void metrics_conn_closed(struct metrics *m);
+void metrics_conn_rejected(struct metrics *m);
+/* Generic named counters/gauges other subsystems bump (e.g. "kvidx_evictions_total"). */
+void metrics_add(struct metrics *m, const char *name, uint64_t delta);
+/* Renders every metric, including the ones read from app (keys, bytes per tier, ...). */
+void metrics_render(struct metrics *m, const struct app *app, struct buf *out);
+
+#endif
