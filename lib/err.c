@@ -15,7 +15,8 @@ struct err_row {
 };
 
 static const struct err_row err_rows[] = {
-#define KVIDX_ERR_ROW(name, value, status, code, title) {value, status, "KVIDX_" #name, code, title},
+#define KVIDX_ERR_ROW(name, value, status, code, title)                                            \
+    {value, status, "KVIDX_" #name, code, title},
     KVIDX_ERRNO_MAP(KVIDX_ERR_ROW)
 #undef KVIDX_ERR_ROW
 };

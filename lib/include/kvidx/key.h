@@ -13,15 +13,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVIDX_MODEL_MAX     255 /* bytes of model_name */
-#define KVIDX_SALT_MAX      128 /* bytes of cache_salt */
-#define KVIDX_HASH_MIN      1   /* bytes of chunk hash (2 hex digits) */
-#define KVIDX_HASH_MAX      64  /* bytes of chunk hash (128 hex digits) */
-#define KVIDX_GROUP_MAX     65535
+#define KVIDX_MODEL_MAX      255 /* bytes of model_name */
+#define KVIDX_SALT_MAX       128 /* bytes of cache_salt */
+#define KVIDX_HASH_MIN       1   /* bytes of chunk hash (2 hex digits) */
+#define KVIDX_HASH_MAX       64  /* bytes of chunk hash (128 hex digits) */
+#define KVIDX_GROUP_MAX      65535
 #define KVIDX_RANK_FIELD_MAX 255
 
 /* Upper bound of a canonical or FS string (model may grow by -SEP-). */
-#define KVIDX_KEY_STR_MAX (KVIDX_MODEL_MAX * 5 + 1 + 10 + 1 + 4 + 1 + 2 * KVIDX_HASH_MAX + 1 + KVIDX_SALT_MAX + 5 + 1)
+#define KVIDX_KEY_STR_MAX                                                                          \
+    (KVIDX_MODEL_MAX * 5 + 1 + 10 + 1 + 4 + 1 + 2 * KVIDX_HASH_MAX + 1 + KVIDX_SALT_MAX + 5 + 1)
 
 typedef struct kvidx_key {
     const char *model; /* model_name bytes, not necessarily NUL-terminated */
@@ -67,12 +68,12 @@ typedef struct kvidx_field {
 } kvidx_field_t;
 
 typedef struct kvidx_key_input {
-    kvidx_field_t chunk_hash_hex; /* required string */
-    kvidx_field_t model_name;     /* required string */
-    kvidx_field_t kv_rank;        /* required integral number */
+    kvidx_field_t chunk_hash_hex;  /* required string */
+    kvidx_field_t model_name;      /* required string */
+    kvidx_field_t kv_rank;         /* required integral number */
     kvidx_field_t object_group_id; /* optional integral number, default 0 */
-    kvidx_field_t cache_salt;     /* optional string, default "" */
-    int has_unknown_member;       /* the object had a member not named above */
+    kvidx_field_t cache_salt;      /* optional string, default "" */
+    int has_unknown_member;        /* the object had a member not named above */
 } kvidx_key_input_t;
 
 /* Validates in and fills *out (model and salt point into the input strings).
@@ -80,7 +81,8 @@ typedef struct kvidx_key_input {
 int kvidx_key_from_input(const kvidx_key_input_t *in, kvidx_key_t *out, kvidx_reason_t *why);
 
 /* Integral-number rule of SPEC §1.1 for a JSON number: 0 when v is integral
- * and lo <= v <= hi, storing it in *out; KVIDX_EKEY otherwise. */
+ * and lo <= v <= hi, storing it in *out; KVIDX_EKEY otherwise (also for NaN
+ * and for any v < 0, since *out is unsigned). */
 int kvidx_key_integral(double v, double lo, double hi, uint64_t *out);
 
 /* ---- comparison ---- */
@@ -94,7 +96,8 @@ int kvidx_key_cmp(const kvidx_key_t *a, const kvidx_key_t *b);
  * Encoders write a NUL-terminated string into buf. On entry *size is the
  * buffer size; on success it becomes the string length (without NUL) and 0
  * is returned; when buf is too small, KVIDX_ENOBUFS is returned and *size is
- * the size needed including the NUL. */
+ * the size needed including the NUL (buf may be NULL when *size is 0).
+ * k must be a valid key; a hash_len outside 1..64 gives KVIDX_EINVAL. */
 int kvidx_key_encode_canonical(const kvidx_key_t *k, char *buf, size_t *size);
 int kvidx_key_encode_fs(const kvidx_key_t *k, char *buf, size_t *size);
 /* Writes the lowercase hex of the hash (2*hash_len chars + NUL); same size rule. */
@@ -146,7 +149,6 @@ uint64_t kvidx_ipc_total(const kvidx_ipc_t *ipc);
  * worker_id is -1, else worker_id. */
 uint32_t kvidx_ipc_rank(const kvidx_ipc_t *ipc, uint32_t r);
 /* Decomposes a flat index into (group index, chunk, rank slot). */
-void kvidx_ipc_split(const kvidx_ipc_t *ipc, uint64_t flat, uint32_t *gi, uint32_t *c,
-                     uint32_t *r);
+void kvidx_ipc_split(const kvidx_ipc_t *ipc, uint64_t flat, uint32_t *gi, uint32_t *c, uint32_t *r);
 
 #endif
