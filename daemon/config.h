@@ -51,6 +51,10 @@ int config_set(struct config *c, const char *name, const char *value, char *err,
 /* Reads an ini-style file of `name = value` lines (inih). Same errors, the
  * message names the file, line and setting. */
 int config_load_file(struct config *c, const char *path, char *err, size_t errlen);
+/* Checks rules between settings (default_lease_ms <= max_lease_ms), to be
+ * called once the file and every --set have been applied. Returns 0 or
+ * KVIDX_EINVAL with a message naming the settings. */
+int config_check(const struct config *c, char *err, size_t errlen);
 /* 1 when the setting may change on SIGHUP. */
 int config_reloadable(const char *name);
 /* Calls fn for every setting whose value differs between a and b (name, old, new as text). */
@@ -59,6 +63,9 @@ void config_diff(const struct config *a, const struct config *b,
                  void *ctx);
 /* Writes the value of a setting as text. */
 int config_format(const struct config *c, const char *name, char *out, size_t cap);
+/* The one-line help and the default (as text) of a setting; NULL when unknown. */
+const char *config_help(const char *name);
+const char *config_default(const char *name);
 /* Iterates the table: the name of setting i, or NULL past the end. */
 const char *config_name(size_t i);
 

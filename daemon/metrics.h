@@ -23,6 +23,16 @@ void metrics_conn_closed(struct metrics *m);
 void metrics_conn_rejected(struct metrics *m);
 /* Generic named counters/gauges other subsystems bump (e.g. "kvidx_evictions_total"). */
 void metrics_add(struct metrics *m, const char *name, uint64_t delta);
+/* Current value of a metrics_add() counter; 0 when never added. */
+uint64_t metrics_get(const struct metrics *m, const char *name);
+/* Totals for /v1/stats. */
+struct metrics_totals {
+    uint64_t requests;      /* every observed request */
+    uint64_t conn_open;     /* open now */
+    uint64_t conn_accepted; /* since start */
+    uint64_t conn_rejected; /* refused past max_connections */
+};
+void metrics_totals(const struct metrics *m, struct metrics_totals *out);
 /* Renders every metric, including the ones read from app (keys, bytes per tier, ...). */
 void metrics_render(struct metrics *m, const struct app *app, struct buf *out);
 
