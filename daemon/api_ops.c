@@ -15,6 +15,7 @@
  * the request, so it shows what a SIGHUP reload put in force.
  */
 #include "app.h"
+#include "keystore.h"
 #include "buf.h"
 #include "http.h"
 #include "kvidx/err.h"
@@ -82,12 +83,43 @@ static int h_stats(const struct request *req, struct response *res)
     jw_key(&w, "total");
     jw_u64(&w, t.requests);
     jw_obj_end(&w);
-    /*
-     * HOOK (issue #3, lead): key and handle counts go here as further
-     * members, read from app->keystore / app->prefetches, e.g.
-     * "keys": {"l1": n, "l2": n, "total": n}, "bytes": {"l1": n, "l2": n},
-     * "pins": n, "handles": {"pending": n, "completed": n}.
-     */
+    if (app->keystore) {
+        kvidx_index_stats_t st;
+        kvidx_index_stats(app->keystore->idx, &st);
+        jw_key(&w, "keys");
+        jw_obj_begin(&w);
+        jw_key(&w, "total");
+        jw_u64(&w, st.keys);
+        jw_key(&w, "l1");
+        jw_u64(&w, st.l1_keys);
+        jw_key(&w, "l2");
+        jw_u64(&w, st.l2_keys);
+        jw_obj_end(&w);
+        jw_key(&w, "bytes");
+        jw_obj_begin(&w);
+        jw_key(&w, "l1");
+        jw_u64(&w, st.l1_bytes);
+        jw_key(&w, "l2");
+        jw_u64(&w, st.l2_bytes);
+        jw_obj_end(&w);
+        jw_key(&w, "capacity_bytes");
+        jw_obj_begin(&w);
+        jw_key(&w, "l1");
+        jw_u64(&w, st.l1_capacity_bytes);
+        jw_key(&w, "l2");
+        jw_u64(&w, st.l2_capacity_bytes);
+        jw_obj_end(&w);
+        jw_key(&w, "l1_loading");
+        jw_u64(&w, st.l1_loading);
+        jw_key(&w, "l1_pinned");
+        jw_u64(&w, st.l1_pinned);
+        jw_key(&w, "pins");
+        jw_u64(&w, st.l1_pins);
+        jw_key(&w, "evictions");
+        jw_u64(&w, st.evictions);
+        jw_key(&w, "namespaces");
+        jw_u64(&w, st.namespaces);
+    }
     jw_obj_end(&w);
     res_json(res, 200);
     return 0;

@@ -12,8 +12,9 @@
 
 struct server;
 struct metrics;
-struct keystore;  /* api_keys.c / api_list.c: the index, layouts, page-token secret */
+struct keystore;   /* api_keys.c / api_list.c: the index, layouts, page-token secret */
 struct prefetches; /* api_prefetch.c: handles, leases, loads */
+struct layouts;    /* api_layouts.c: MemoryLayoutDesc registry */
 
 struct app {
     struct config cfg;
@@ -23,6 +24,7 @@ struct app {
     struct metrics *metrics;
     struct keystore *keystore;
     struct prefetches *prefetches;
+    struct layouts *layouts;
     int ready;    /* restored and listening: /readyz 200 */
     int draining; /* shutting down: /readyz 503 */
     uint64_t started_ms;

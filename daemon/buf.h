@@ -24,7 +24,7 @@ struct buf {
 
 void buf_init(struct buf *b);
 void buf_free(struct buf *b);
-void buf_reset(struct buf *b); /* len = 0, keeps the memory */
+void buf_reset(struct buf *b);                /* len = 0, keeps the memory */
 int buf_reserve(struct buf *b, size_t extra); /* 0 or KVIDX_ENOMEM */
 void buf_append(struct buf *b, const void *p, size_t n);
 void buf_puts(struct buf *b, const char *s);

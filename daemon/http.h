@@ -21,15 +21,7 @@
 
 struct app;
 
-enum http_method {
-    M_GET = 0,
-    M_HEAD,
-    M_PUT,
-    M_POST,
-    M_DELETE,
-    M_OTHER,
-    M_COUNT
-};
+enum http_method { M_GET = 0, M_HEAD, M_PUT, M_POST, M_DELETE, M_OTHER, M_COUNT };
 
 struct request {
     enum http_method method;
@@ -48,9 +40,14 @@ struct request {
     size_t route_param_len;
     struct app *app;
     uint64_t start_ns; /* when the request was complete (for metrics) */
+    /* Room the router decodes route_param into (>= path_len + 1 bytes),
+     * owned by the connection; NULL in a hand-made request (the router then
+     * answers 500 for a '*' route). */
+    char *scratch;
+    size_t scratch_cap;
 };
 
-#define HANDLER_ASYNC 1
+#define HANDLER_ASYNC     1
 #define RES_EXTRA_HEADERS 256
 
 typedef void (*res_cancel_cb)(void *waiter);

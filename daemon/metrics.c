@@ -17,6 +17,8 @@
  */
 #include "metrics.h"
 
+#include "keystore.h"
+
 #include "app.h"
 
 #include <dirent.h>
@@ -401,13 +403,32 @@ static void render_app(const struct app *app, struct buf *out)
     family(out, "kvidx_ready", "gauge", "1 when /readyz answers 200 (restored, not draining).");
     sample_u64(out, "kvidx_ready", app->ready && !app->draining ? 1 : 0);
 
-    /*
-     * HOOK (issue #3, lead): per-tier gauges read from app->keystore and
-     * app->prefetches go here — kvidx_keys{tier="l1"|"l2"},
-     * kvidx_bytes{tier=...}, kvidx_capacity_bytes{tier=...}, kvidx_pins,
-     * kvidx_handles{status=...}. Each family needs its HELP and TYPE lines
-     * (family()) before its samples; names of gauges must not end in _total.
-     */
+    if (!app->keystore)
+        return;
+    kvidx_index_stats_t st;
+    kvidx_index_stats(app->keystore->idx, &st);
+    family(out, "kvidx_keys", "gauge", "Keys known, by tier (a key may be in both).");
+    buf_printf(out, "kvidx_keys{tier=\"l1\"} %llu\nkvidx_keys{tier=\"l2\"} %llu\n",
+               (unsigned long long)st.l1_keys, (unsigned long long)st.l2_keys);
+    family(out, "kvidx_keys_distinct", "gauge", "Distinct keys known in any tier.");
+    sample_u64(out, "kvidx_keys_distinct", st.keys);
+    family(out, "kvidx_bytes", "gauge", "Bytes of the objects named by keys, by tier.");
+    buf_printf(out, "kvidx_bytes{tier=\"l1\"} %llu\nkvidx_bytes{tier=\"l2\"} %llu\n",
+               (unsigned long long)st.l1_bytes, (unsigned long long)st.l2_bytes);
+    family(out, "kvidx_capacity_bytes", "gauge", "Configured capacity by tier (0 = unbounded).");
+    buf_printf(out,
+               "kvidx_capacity_bytes{tier=\"l1\"} %llu\nkvidx_capacity_bytes{tier=\"l2\"} %llu\n",
+               (unsigned long long)st.l1_capacity_bytes, (unsigned long long)st.l2_capacity_bytes);
+    family(out, "kvidx_l1_loading", "gauge", "L1 copies reserved by a load in progress.");
+    sample_u64(out, "kvidx_l1_loading", st.l1_loading);
+    family(out, "kvidx_l1_pinned", "gauge", "L1 copies with at least one pin.");
+    sample_u64(out, "kvidx_l1_pinned", st.l1_pinned);
+    family(out, "kvidx_pins", "gauge", "Pins (read locks) held on L1 copies.");
+    sample_u64(out, "kvidx_pins", st.l1_pins);
+    family(out, "kvidx_evictions_total", "counter", "L1 copies evicted to make room.");
+    sample_u64(out, "kvidx_evictions_total", st.evictions);
+    family(out, "kvidx_namespaces", "gauge", "Distinct (cache_salt, model_name) pairs.");
+    sample_u64(out, "kvidx_namespaces", st.namespaces);
 }
 
 void metrics_render(struct metrics *m, const struct app *app, struct buf *out)

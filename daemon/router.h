@@ -1,7 +1,7 @@
 /*
  * Method + path table → handler. A pattern is a literal path, optionally
  * with one '*' that matches one or more bytes (percent-decoded into
- * req->route_param; for /v1/keys/* the rest of the path, '/' included).
+ * req->route_param; for "/v1/keys/{canonical}" the rest of the path, '/' included).
  * Unknown path → 404 not_found; known path, other method → 405 with Allow.
  */
 #ifndef KVIDXD_ROUTER_H
@@ -25,5 +25,9 @@ extern const struct route ops_routes[];
  * route_name (may be NULL) receives the matched route's metrics label
  * ("unknown" when nothing matched). Returns what the handler returned. */
 int router_dispatch(struct request *req, struct response *res, const char **route_name);
+
+/* Replaces the NULL-terminated list of route tables (tests use it to
+ * register their own handlers); NULL restores the built-in list. */
+void router_use_tables(const struct route *const *tables);
 
 #endif

@@ -1,0 +1,482 @@
+/*
+ * HTTP transport without a socket: requests go through conn_feed() (parse →
+ * route → handler → serialize) and the answers are compared as bytes. Every
+ * request is fed whole and then one byte at a time; both must give the same
+ * output and the same close decision. Also query_get/pct_decode edge cases.
+ */
+#include "app.h"
+#include "config.h"
+#include "conn.h"
+#include "http.h"
+#include "kvidx/err.h"
+#include "router.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct app app;
+
+static int h_hello(const struct request *req, struct response *res)
+{
+    (void)req;
+    buf_puts(&res->body, "{\"hello\":1}");
+    res_json(res, 200);
+    return 0;
+}
+
+static int h_echo(const struct request *req, struct response *res)
+{
+    buf_printf(&res->body, "{\"len\":%zu,\"q\":\"%s\"}", req->body_len, req->query);
+    res_json(res, 200);
+    return 0;
+}
+
+static int h_param(const struct request *req, struct response *res)
+{
+    struct jw w;
+    jw_init(&w, &res->body);
+    jw_obj_begin(&w);
+    jw_key(&w, "p");
+    jw_strn(&w, req->route_param, req->route_param_len);
+    jw_obj_end(&w);
+    res_json(res, 200);
+    return 0;
+}
+
+static int h_nocontent(const struct request *req, struct response *res)
+{
+    (void)req;
+    res->status = 204;
+    return 0;
+}
+
+/* A deferred answer completed later by the test. */
+static struct response *deferred;
+static int cancelled;
+
+static void cancel_waiter(void *w)
+{
+    (void)w;
+    cancelled++;
+    deferred = NULL;
+}
+
+static int h_async(const struct request *req, struct response *res)
+{
+    (void)req;
+    res_defer(res, NULL, cancel_waiter);
+    deferred = res;
+    return HANDLER_ASYNC;
+}
+
+static const struct route test_routes[] = {
+    {M_GET, "/hello", h_hello, "hello"},
+    {M_POST, "/echo", h_echo, "echo"},
+    {M_PUT, "/echo", h_echo, "echo"},
+    {M_GET, "/item/*", h_param, "item"},
+    {M_DELETE, "/item/*", h_nocontent, "item_delete"},
+    {M_GET, "/async", h_async, "async"},
+    {0, NULL, NULL, NULL},
+};
+static const struct route *const test_tables[] = {test_routes, NULL};
+
+static void setup(void)
+{
+    memset(&app, 0, sizeof(app));
+    config_defaults(&app.cfg);
+    app.cfg.max_body_bytes = 1000;
+    app.cfg.max_header_bytes = 400;
+    app.cfg.max_uri_bytes = 100;
+    router_use_tables(test_tables);
+    deferred = NULL;
+    cancelled = 0;
+}
+
+static void teardown(void)
+{
+    router_use_tables(NULL);
+}
+
+TestSuite(http, .init = setup, .fini = teardown);
+
+struct result {
+    char *out;
+    int closed;
+};
+
+static struct result feed(const char *in, size_t n, int bytewise, int eof)
+{
+    struct conn *c = conn_new_test(&app);
+    cr_assert_not_null(c);
+    if (bytewise) {
+        for (size_t i = 0; i < n; i++)
+            conn_feed(c, in + i, 1);
+    } else {
+        conn_feed(c, in, n);
+    }
+    if (eof)
+        conn_feed_eof(c);
+    struct result r;
+    struct buf *o = conn_test_output(c);
+    r.out = strndup(o->data ? o->data : "", o->len);
+    r.closed = conn_test_closed(c);
+    conn_free_test(c);
+    return r;
+}
+
+/* Feeds whole and byte by byte; both must agree. Returns the output. */
+static struct result run(const char *in)
+{
+    struct result a = feed(in, strlen(in), 0, 0);
+    struct result b = feed(in, strlen(in), 1, 0);
+    cr_assert_str_eq(a.out, b.out, "whole vs bytewise differ for %s", in);
+    cr_assert_eq(a.closed, b.closed);
+    free(b.out);
+    return a;
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+Test(http, simple_get)
+{
+    struct result r = run("GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
+    cr_assert_str_eq(r.out, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                            "Content-Length: 11\r\n\r\n{\"hello\":1}");
+    cr_assert_eq(r.closed, 0);
+    free(r.out);
+}
+
+Test(http, pipelined_in_order)
+{
+    struct result r = run("GET /hello HTTP/1.1\r\n\r\n"
+                          "GET /item/a HTTP/1.1\r\n\r\n"
+                          "GET /nope HTTP/1.1\r\n\r\n"
+                          "GET /item/b%2Fc/d HTTP/1.1\r\n\r\n");
+    const char *a = strstr(r.out, "{\"hello\":1}");
+    const char *b = strstr(r.out, "{\"p\":\"a\"}");
+    const char *c = strstr(r.out, "not_found");
+    const char *d = strstr(r.out, "{\"p\":\"b/c/d\"}");
+    cr_assert(a && b && c && d, "%s", r.out);
+    cr_assert(a < b && b < c && c < d);
+    cr_assert_eq(count(r.out, "HTTP/1.1 "), 4);
+    cr_assert_eq(r.closed, 0);
+    free(r.out);
+}
+
+Test(http, many_pipelined_pause_and_resume)
+{
+    /* More than the pipeline depth, in one buffer. */
+    struct buf in;
+    buf_init(&in);
+    for (int i = 0; i < 300; i++)
+        buf_printf(&in, "GET /item/%d HTTP/1.1\r\n\r\n", i);
+    struct result r = feed(in.data, in.len, 0, 0);
+    cr_assert_eq(count(r.out, "HTTP/1.1 200"), 300);
+    const char *p = r.out;
+    for (int i = 0; i < 300; i++) {
+        char want[32];
+        snprintf(want, sizeof(want), "{\"p\":\"%d\"}", i);
+        p = strstr(p, want);
+        cr_assert_not_null(p, "answer %d missing or out of order", i);
+    }
+    free(r.out);
+    buf_free(&in);
+}
+
+Test(http, connection_close)
+{
+    struct result r = run("GET /hello HTTP/1.1\r\nConnection: close\r\n\r\n"
+                          "GET /hello HTTP/1.1\r\n\r\n");
+    cr_assert_eq(count(r.out, "HTTP/1.1 200"), 1);
+    cr_assert(strstr(r.out, "Connection: close\r\n"));
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+}
+
+Test(http, http10)
+{
+    struct result r = run("GET /hello HTTP/1.0\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 200 OK\r\n"));
+    cr_assert(strstr(r.out, "Connection: close\r\n"));
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+    r = run("GET /hello HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+    cr_assert(strstr(r.out, "Connection: keep-alive\r\n"));
+    cr_assert_eq(r.closed, 0);
+    free(r.out);
+}
+
+Test(http, head)
+{
+    struct result r = run("HEAD /hello HTTP/1.1\r\n\r\nGET /hello HTTP/1.1\r\n\r\n");
+    cr_assert_str_eq(r.out, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                            "Content-Length: 11\r\n\r\n"
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                            "Content-Length: 11\r\n\r\n{\"hello\":1}");
+    free(r.out);
+}
+
+Test(http, not_found_problem)
+{
+    struct result r = run("GET /nope HTTP/1.1\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 404 Not Found\r\n"));
+    cr_assert(strstr(r.out, "Content-Type: application/problem+json\r\n"));
+    cr_assert(strstr(r.out, "\"type\":\"https://kvidx.dev/problems/not_found\""));
+    cr_assert(strstr(r.out, "\"status\":404"));
+    cr_assert(strstr(r.out, "\"code\":\"not_found\""));
+    cr_assert(strstr(r.out, "\"title\":"));
+    cr_assert(strstr(r.out, "\"detail\":"));
+    cr_assert_eq(r.closed, 0);
+    free(r.out);
+}
+
+Test(http, method_not_allowed)
+{
+    struct result r = run("PATCH /echo HTTP/1.1\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 405 "), "%s", r.out);
+    cr_assert(strstr(r.out, "Allow: PUT, POST\r\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "\"code\":\"method_not_allowed\""));
+    free(r.out);
+    r = run("POST /item/x HTTP/1.1\r\n\r\n");
+    cr_assert(strstr(r.out, "Allow: GET, HEAD, DELETE\r\n"), "%s", r.out);
+    free(r.out);
+}
+
+Test(http, content_type)
+{
+    struct result r = run("POST /echo HTTP/1.1\r\nContent-Type: text/plain\r\n"
+                          "Content-Length: 2\r\n\r\n{}");
+    cr_assert(strstr(r.out, "HTTP/1.1 415 "), "%s", r.out);
+    cr_assert(strstr(r.out, "unsupported_media_type"));
+    cr_assert_eq(r.closed, 0);
+    free(r.out);
+    r = run("POST /echo HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}");
+    cr_assert(strstr(r.out, "HTTP/1.1 415 "), "%s", r.out);
+    free(r.out);
+    r = run("POST /echo HTTP/1.1\r\nContent-Type: Application/JSON; charset=utf-8\r\n"
+            "Content-Length: 2\r\n\r\n{}");
+    cr_assert(strstr(r.out, "HTTP/1.1 200 "), "%s", r.out);
+    cr_assert(strstr(r.out, "{\"len\":2,"));
+    free(r.out);
+    /* An empty body needs no Content-Type. */
+    r = run("POST /echo?x=1 HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+    cr_assert(strstr(r.out, "{\"len\":0,\"q\":\"x=1\"}"), "%s", r.out);
+    free(r.out);
+}
+
+Test(http, body_too_large_by_length)
+{
+    struct result r = run("PUT /echo HTTP/1.1\r\nContent-Type: application/json\r\n"
+                          "Content-Length: 1001\r\n\r\n{}");
+    cr_assert(strstr(r.out, "HTTP/1.1 413 "), "%s", r.out);
+    cr_assert(strstr(r.out, "payload_too_large"));
+    cr_assert(strstr(r.out, "Connection: close"));
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+    /* Exactly the limit is served. */
+    char req[1200];
+    int n = snprintf(req, sizeof(req),
+                     "PUT /echo HTTP/1.1\r\nContent-Type: application/json\r\n"
+                     "Content-Length: 1000\r\n\r\n");
+    memset(req + n, ' ', 1000);
+    req[n + 1000] = '\0';
+    r = run(req);
+    cr_assert(strstr(r.out, "HTTP/1.1 200 "), "%s", r.out);
+    free(r.out);
+}
+
+Test(http, body_too_large_chunked)
+{
+    struct buf in;
+    buf_init(&in);
+    buf_puts(&in, "PUT /echo HTTP/1.1\r\nContent-Type: application/json\r\n"
+                  "Transfer-Encoding: chunked\r\n\r\n");
+    for (int i = 0; i < 3; i++) {
+        buf_puts(&in, "190\r\n");
+        for (int j = 0; j < 400; j++)
+            buf_putc(&in, 'x');
+        buf_puts(&in, "\r\n");
+    }
+    buf_puts(&in, "0\r\n\r\n");
+    struct result r = run(in.data);
+    cr_assert(strstr(r.out, "HTTP/1.1 413 "), "%s", r.out);
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+    buf_free(&in);
+}
+
+Test(http, chunked_body)
+{
+    struct result r = run("POST /echo HTTP/1.1\r\nContent-Type: application/json\r\n"
+                          "Transfer-Encoding: chunked\r\n\r\n"
+                          "3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n"
+                          "GET /hello HTTP/1.1\r\n\r\n");
+    cr_assert(strstr(r.out, "{\"len\":7,"), "%s", r.out);
+    cr_assert(strstr(r.out, "{\"hello\":1}"));
+    free(r.out);
+}
+
+Test(http, headers_too_large)
+{
+    char req[2048];
+    int n = snprintf(req, sizeof(req), "GET /hello HTTP/1.1\r\nX-Big: ");
+    memset(req + n, 'a', 500);
+    strcpy(req + n + 500, "\r\n\r\n");
+    struct result r = run(req);
+    cr_assert(strstr(r.out, "HTTP/1.1 431 "), "%s", r.out);
+    cr_assert(strstr(r.out, "headers_too_large"));
+    cr_assert(!strstr(r.out, "aaaa"), "echoes request bytes");
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+}
+
+Test(http, uri_too_long)
+{
+    char req[2048];
+    int n = snprintf(req, sizeof(req), "GET /item/");
+    memset(req + n, 'b', 200);
+    strcpy(req + n + 200, " HTTP/1.1\r\n\r\n");
+    struct result r = run(req);
+    cr_assert(strstr(r.out, "HTTP/1.1 414 "), "%s", r.out);
+    cr_assert(strstr(r.out, "uri_too_long"));
+    cr_assert(!strstr(r.out, "bbbb"));
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+}
+
+Test(http, bad_request)
+{
+    struct result r = run("GET /hello HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE\x01\x02 / HTTP/9\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 200 "), "%s", r.out);
+    cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+    cr_assert(strstr(r.out, "application/problem+json"));
+    cr_assert(strstr(r.out, "200 OK") < strstr(r.out, "400 Bad"));
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+    r = run("GET /hello HTTP/1.1\r\nBad Header\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+    free(r.out);
+    r = run("GET /item/%zz HTTP/1.1\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+    cr_assert_eq(r.closed, 0);
+    free(r.out);
+    r = run("GET http://x/hello HTTP/1.1\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+    free(r.out);
+}
+
+Test(http, no_content)
+{
+    struct result r = run("DELETE /item/x HTTP/1.1\r\n\r\n");
+    cr_assert_str_eq(r.out, "HTTP/1.1 204 No Content\r\n\r\n");
+    free(r.out);
+}
+
+Test(http, header_timeout)
+{
+    struct conn *c = conn_new_test(&app);
+    conn_feed(c, "GET /hel", 8);
+    cr_assert_eq(conn_test_fire_timer(c), 1);
+    cr_assert(strstr(conn_test_output(c)->data, "HTTP/1.1 408 "));
+    cr_assert(strstr(conn_test_output(c)->data, "request_timeout"));
+    conn_free_test(c);
+}
+
+Test(http, deferred_in_order_and_cancel)
+{
+    struct conn *c = conn_new_test(&app);
+    const char *in = "GET /async HTTP/1.1\r\n\r\nGET /hello HTTP/1.1\r\n\r\n";
+    conn_feed(c, in, strlen(in));
+    cr_assert_eq(conn_test_output(c)->len, 0, "the second answer overtook the first");
+    cr_assert_not_null(deferred);
+    buf_puts(&deferred->body, "{\"late\":1}");
+    res_json(deferred, 200);
+    res_complete(deferred);
+    const char *o = conn_test_output(c)->data;
+    cr_assert(strstr(o, "{\"late\":1}") && strstr(o, "{\"hello\":1}"));
+    cr_assert(strstr(o, "{\"late\":1}") < strstr(o, "{\"hello\":1}"));
+    conn_free_test(c);
+    cr_assert_eq(cancelled, 0);
+
+    c = conn_new_test(&app);
+    conn_feed(c, "GET /async HTTP/1.1\r\n\r\n", 23);
+    conn_free_test(c);
+    cr_assert_eq(cancelled, 1);
+}
+
+Test(http, eof_answers_complete_requests)
+{
+    const char *in = "GET /hello HTTP/1.1\r\n\r\nGET /hel";
+    struct result r = feed(in, strlen(in), 0, 1);
+    cr_assert_eq(count(r.out, "HTTP/1.1 200"), 1);
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+    /* Answers still waiting when the peer half-closes are sent, the last
+     * one saying it is the last. */
+    in = "GET /async HTTP/1.1\r\n\r\nGET /hello HTTP/1.1\r\n\r\n";
+    struct conn *c = conn_new_test(&app);
+    conn_feed(c, in, strlen(in));
+    cr_assert_eq(conn_feed_eof(c), 0);
+    res_json(deferred, 200);
+    res_complete(deferred);
+    cr_assert_eq(conn_test_closed(c), 1);
+    cr_assert_eq(count(conn_test_output(c)->data, "HTTP/1.1 200"), 2);
+    cr_assert(strstr(conn_test_output(c)->data, "Connection: close"));
+    conn_free_test(c);
+}
+
+Test(http, expect_continue)
+{
+    struct result r = run("POST /echo HTTP/1.1\r\nContent-Type: application/json\r\n"
+                          "Expect: 100-continue\r\nContent-Length: 2\r\n\r\n{}");
+    cr_assert(strncmp(r.out, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 ", 38) == 0, "%s", r.out);
+    free(r.out);
+}
+
+Test(query, get_and_decode)
+{
+    char out[16];
+    size_t n = 0;
+    cr_assert_eq(query_get("a=1&b=x%20y+z&c", "b", out, sizeof(out), &n), 1);
+    cr_assert_str_eq(out, "x y z");
+    cr_assert_eq(n, 5);
+    cr_assert_eq(query_get("a=1&b=2", "c", out, sizeof(out), &n), 0);
+    cr_assert_eq(query_get("", "a", out, sizeof(out), &n), 0);
+    cr_assert_eq(query_get("a=1&c", "c", out, sizeof(out), &n), 1);
+    cr_assert_str_eq(out, "");
+    cr_assert_eq(query_get("ab=1&a=2", "a", out, sizeof(out), &n), 1);
+    cr_assert_str_eq(out, "2");
+    cr_assert_eq(query_get("a=%4", "a", out, sizeof(out), &n), KVIDX_EINVAL);
+    cr_assert_eq(query_get("a=%g0", "a", out, sizeof(out), &n), KVIDX_EINVAL);
+    cr_assert_eq(query_get("a=0123456789abcdef", "a", out, sizeof(out), &n), KVIDX_EINVAL);
+    cr_assert_eq(query_get("a=0123456789abcde", "a", out, sizeof(out), &n), 1);
+    cr_assert_eq(query_get("a=", "a", out, sizeof(out), &n), 1);
+    cr_assert_eq(n, 0);
+}
+
+Test(query, pct_decode_edges)
+{
+    char out[8];
+    size_t n = 0;
+    cr_assert_eq(pct_decode("a+b%2F", 6, out, sizeof(out), &n, 0), 0);
+    cr_assert_str_eq(out, "a+b/");
+    cr_assert_eq(pct_decode("%", 1, out, sizeof(out), &n, 0), KVIDX_EINVAL);
+    cr_assert_eq(pct_decode("%2", 2, out, sizeof(out), &n, 0), KVIDX_EINVAL);
+    cr_assert_eq(pct_decode("%2f%2F", 6, out, sizeof(out), &n, 0), 0);
+    cr_assert_str_eq(out, "//");
+    cr_assert_eq(pct_decode("%00", 3, out, sizeof(out), &n, 0), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(pct_decode("1234567", 7, out, sizeof(out), &n, 0), 0);
+    cr_assert_eq(pct_decode("12345678", 8, out, sizeof(out), &n, 0), KVIDX_EINVAL);
+    cr_assert_eq(pct_decode("", 0, out, sizeof(out), &n, 0), 0);
+    cr_assert_eq(n, 0);
+    cr_assert_eq(pct_decode("x", 1, out, 0, &n, 0), KVIDX_EINVAL);
+}
