@@ -5,6 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Every loaded file stays reachable from here, so LeakSanitizer does not
+ * count vectors a test keeps until the process exits as leaks. */
+static cJSON **kept[32];
+static size_t nkept;
+
 cJSON **vectors_load(const char *file, size_t *count)
 {
     char path[1024];
@@ -41,6 +46,8 @@ cJSON **vectors_load(const char *file, size_t *count)
         fprintf(stderr, "vectors: %s is empty\n", path);
         abort();
     }
+    if (nkept < sizeof(kept) / sizeof(kept[0]))
+        kept[nkept++] = items;
     *count = n;
     return items;
 }
