@@ -10,6 +10,7 @@
 #include "http.h"
 
 #include "kvidx/err.h"
+#include "kvidx/key.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -108,17 +109,6 @@ void res_defer(struct response *res, void *waiter, res_cancel_cb cancel)
     res->cancel = cancel;
 }
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int pct_decode(const char *s, size_t n, char *out, size_t cap, size_t *out_len, int plus_is_space)
 {
     size_t o = 0;
@@ -130,8 +120,8 @@ int pct_decode(const char *s, size_t n, char *out, size_t cap, size_t *out_len, 
             int hi, lo;
             if (i + 2 >= n)
                 return KVIDX_EINVAL;
-            hi = hexval((unsigned char)s[i + 1]);
-            lo = hexval((unsigned char)s[i + 2]);
+            hi = kvidx_hex_value((unsigned char)s[i + 1]);
+            lo = kvidx_hex_value((unsigned char)s[i + 2]);
             if (hi < 0 || lo < 0)
                 return KVIDX_EINVAL;
             c = hi * 16 + lo;

@@ -27,7 +27,7 @@ static int reject(kvidx_reason_t *why, const char *field, const char *rule)
     return KVIDX_EKEY;
 }
 
-static int hex_value(unsigned char c)
+int kvidx_hex_value(unsigned char c)
 {
     if (c >= '0' && c <= '9')
         return c - '0';
@@ -139,8 +139,8 @@ int kvidx_key_hash_from_hex(const char *hex, size_t n, uint8_t *out, uint8_t *ou
     if (n % 2 != 0)
         return reject(why, "chunk_hash_hex", "must have an even number of hex digits");
     for (size_t i = 0; i < n; i += 2) {
-        int hi = hex_value((unsigned char)hex[i]);
-        int lo = hex_value((unsigned char)hex[i + 1]);
+        int hi = kvidx_hex_value((unsigned char)hex[i]);
+        int lo = kvidx_hex_value((unsigned char)hex[i + 1]);
         if (hi < 0 || lo < 0)
             return reject(why, "chunk_hash_hex", "must contain only hex digits (no spaces)");
         out[i / 2] = (uint8_t)(hi << 4 | lo);
@@ -442,7 +442,7 @@ static int parse_rank(const char *s, size_t n, uint32_t *out, kvidx_reason_t *wh
         return reject(why, "kv_rank", "must be 8 hex digits, optionally after 0x");
     uint32_t v = 0;
     for (size_t i = 0; i < n; i++) {
-        int d = hex_value((unsigned char)s[i]);
+        int d = kvidx_hex_value((unsigned char)s[i]);
         if (d < 0)
             return reject(why, "kv_rank", "must be 8 hex digits, optionally after 0x");
         v = v << 4 | (uint32_t)d;
@@ -462,7 +462,7 @@ static int parse_group(const char *s, size_t n, uint16_t *out, kvidx_reason_t *w
         return reject(why, "object_group_id", "must be in 0..ffff");
     uint32_t v = 0;
     for (size_t i = 0; i < n; i++) {
-        int d = hex_value((unsigned char)s[i]);
+        int d = kvidx_hex_value((unsigned char)s[i]);
         if (d < 0)
             return reject(why, "object_group_id", "must be hex digits");
         v = v << 4 | (uint32_t)d;

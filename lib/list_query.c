@@ -33,17 +33,6 @@ static int fail(kvidx_reason_t *why, const char *field, const char *rule, int er
     return err;
 }
 
-static int hex_value(unsigned char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Reads one decoded byte of s[*i..n): a `%XX` escape, `+` as a space, or the
  * byte itself. Returns 0..255, or -1 for a `%` not followed by two hex
  * digits. */
@@ -53,8 +42,8 @@ static int next_byte(const char *s, size_t n, size_t *i)
     if (c == '%') {
         if (n - *i < 3)
             return -1;
-        int hi = hex_value((unsigned char)s[*i + 1]);
-        int lo = hex_value((unsigned char)s[*i + 2]);
+        int hi = kvidx_hex_value((unsigned char)s[*i + 1]);
+        int lo = kvidx_hex_value((unsigned char)s[*i + 2]);
         if (hi < 0 || lo < 0)
             return -1;
         *i += 3;
@@ -111,7 +100,8 @@ static int decode_uint(const char *s, size_t n, int allow_hex, uint64_t *out)
         int c = next_byte(s, n, &i);
         if (c < 0)
             return -2;
-        int d = base == 16 ? hex_value((unsigned char)c) : (c >= '0' && c <= '9' ? c - '0' : -1);
+        int d =
+            base == 16 ? kvidx_hex_value((unsigned char)c) : (c >= '0' && c <= '9' ? c - '0' : -1);
         if (d < 0)
             return -1;
         if (v > (UINT64_MAX - (uint64_t)d) / base)

@@ -41,6 +41,9 @@ typedef struct kvidx_reason {
     const char *rule;  /* e.g. "must be 2..128 hex digits, an even count" */
 } kvidx_reason_t;
 
+/* Value of one hex digit (either case), or -1. */
+int kvidx_hex_value(unsigned char c);
+
 /* ---- validation of single fields (SPEC §1.1) ----
  * Each returns 0 or KVIDX_EKEY and, when why is not NULL, fills it. */
 int kvidx_key_check_model(const char *s, size_t n, kvidx_reason_t *why);
