@@ -18,6 +18,7 @@
 #include "metrics.h"
 
 #include "keystore.h"
+#include "prefetches.h"
 
 #include "app.h"
 
@@ -314,6 +315,9 @@ static const char *counter_help(const char *name)
         {"kvidx_loads_total", "L2 to L1 loads started."},
         {"kvidx_load_failures_total", "L2 to L1 loads that failed or timed out."},
         {"kvidx_prefetches_total", "Prefetch handles created."},
+        {"kvidx_loads_completed_total", "L2 to L1 loads that completed."},
+        {"kvidx_lookups_total", "POST /v1/lookup requests answered."},
+        {"kvidx_keys_forgotten_total", "Keys forgotten because eviction left them in no tier."},
     };
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
         if (strcmp(known[i].name, name) == 0)
@@ -429,6 +433,21 @@ static void render_app(const struct app *app, struct buf *out)
     sample_u64(out, "kvidx_evictions_total", st.evictions);
     family(out, "kvidx_namespaces", "gauge", "Distinct (cache_salt, model_name) pairs.");
     sample_u64(out, "kvidx_namespaces", st.namespaces);
+
+    if (!app->prefetches)
+        return;
+    struct prefetches_stats ps;
+    prefetches_stats(app, &ps);
+    family(out, "kvidx_prefetch_handles", "gauge", "Prefetch handles that exist (any status).");
+    sample_u64(out, "kvidx_prefetch_handles", ps.handles);
+    family(out, "kvidx_prefetch_handles_pending", "gauge", "Prefetch handles waiting for loads.");
+    sample_u64(out, "kvidx_prefetch_handles_pending", ps.handles_pending);
+    family(out, "kvidx_prefetch_pins", "gauge", "Pins held by prefetch handles.");
+    sample_u64(out, "kvidx_prefetch_pins", ps.pins);
+    family(out, "kvidx_loads_in_flight", "gauge", "L2 to L1 loads in flight.");
+    sample_u64(out, "kvidx_loads_in_flight", ps.loads);
+    family(out, "kvidx_load_tasks", "gauge", "External-loader tasks not finished.");
+    sample_u64(out, "kvidx_load_tasks", ps.tasks);
 }
 
 void metrics_render(struct metrics *m, const struct app *app, struct buf *out)
