@@ -1,0 +1,247 @@
+#!/bin/sh
+# kvidx benchmarks (run by `make bench`). Usage: tests/bench/run.sh [BUILD_DIR]
+#
+# Every figure that depends on the machine is reported next to a reference
+# measured in the same run (nginx for GET, Redis for listing, cJSON for the
+# JSON writer), as a ratio. All servers are our own instances on 127.0.0.1
+# free ports, stopped by PID at exit; every load is bounded in time/count.
+#
+# Knobs (environment):
+#   BENCH_INDEX_KEYS  keys for bench_index       (default 10000000; ~3 min)
+#   BENCH_LIST_KEYS   N keys for the listing run (default 1000000, multiple of 1000)
+#   BENCH_PUT_BATCHES PUT batches of 1000 timed  (default 200)
+#   BENCH_WRK_SECS    duration of each wrk run   (default 5)
+#   BENCH_REPS        rounds of each wrk / listing comparison, alternating
+#                     kvidx and reference; the best round of each counts (default 2)
+#   BENCH_PIN         1 = server on CPU 0, client on CPU 1 (default 1 if nproc >= 2)
+set -u
+B=${1:-build-bench}
+INDEX_KEYS=${BENCH_INDEX_KEYS:-10000000}
+LIST_KEYS=${BENCH_LIST_KEYS:-1000000}
+PUT_BATCHES=${BENCH_PUT_BATCHES:-200}
+WRK_SECS=${BENCH_WRK_SECS:-5}
+REPS=${BENCH_REPS:-2}
+NPROC=$(nproc 2>/dev/null || echo 1)
+PIN=${BENCH_PIN:-$([ "$NPROC" -ge 2 ] && echo 1 || echo 0)}
+command -v taskset >/dev/null 2>&1 || PIN=0
+if [ "$PIN" = 1 ]; then SRV="taskset -c 0"; CLI="taskset -c 1"; else SRV=""; CLI=""; fi
+
+TMP=$(mktemp -d /tmp/kvidx-bench.XXXXXX)
+PIDS=""
+SUMMARY=$TMP/summary
+: >"$SUMMARY"
+cleanup() {
+    for p in $PIDS; do kill "$p" 2>/dev/null; done
+    sleep 0.3
+    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say() { echo "== $*"; }
+row() { printf '%-44s %16s  %s\n' "$1" "$2" "$3" >>"$SUMMARY"; }
+have() { command -v "$1" >/dev/null 2>&1; }
+# "name value unit" line -> value
+val() { awk -v k="$1" '$1 == k { print $2; exit }' "$2"; }
+max() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "") print b; else if (b == "") print a; else print (a + 0 >= b + 0 ? a : b) }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'; }
+meets() { awk -v r="$1" -v t="$2" 'BEGIN { if (r == "n/a") print "n/a"; else if (r + 0 >= t + 0) print "MET"; else print "MISSED" }'; }
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null ||
+        echo $((20000 + $$ % 20000 + ${1:-0}))
+}
+wait_port() { # port tries
+    i=0
+    while [ $i -lt "${2:-50}" ]; do
+        python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$1),0.2)" 2>/dev/null && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+
+echo "kvidx bench: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+echo "machine: nproc=$NPROC cpu=\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\" kernel=$(uname -r)"
+echo "pinning: $([ "$PIN" = 1 ] && echo 'servers on CPU 0, clients (wrk, bench_http) on CPU 1' || echo none)"
+
+for p in kvidxd bench_index bench_fold bench_json bench_http; do
+    [ -x "$B/$p" ] || { echo "missing $B/$p: build with -DKVIDX_BENCH=ON first" >&2; exit 1; }
+done
+
+# ---------------------------------------------------------------- 1. in-process
+say "bench_index $INDEX_KEYS (memory per key, put rate, page time)"
+timeout 420 "$B/bench_index" "$INDEX_KEYS" | tee "$TMP/index.txt" || echo "bench_index failed or timed out"
+for k in rss_per_key_hash32 rss_per_key_hash16 rss_per_key_hash8; do
+    row "index: $k @${INDEX_KEYS}" "$(val $k "$TMP/index.txt")" "bytes/key"
+done
+row "index: put_rate_batch1000 (in-process)" "$(val put_rate_batch1000_hash32 "$TMP/index.txt")" "keys/s"
+row "index: page1000 start" "$(val page1000_start "$TMP/index.txt")" "us"
+row "index: page1000 deep/start" "$(val page1000_ratio "$TMP/index.txt")" "x"
+
+say "bench_fold"
+timeout 120 "$B/bench_fold" | tee "$TMP/fold.txt" || echo "bench_fold failed or timed out"
+awk '{ printf "%-44s %16s  %s\n", "fold: " $1, $2, $3 }' "$TMP/fold.txt" >>"$SUMMARY"
+
+say "bench_json 200 (1000-entry KeyListPage: cJSON tree vs jw streaming writer)"
+timeout 120 "$B/bench_json" 200 | tee "$TMP/json.txt" || echo "bench_json failed or timed out"
+row "json: cJSON per entry" "$(val json_cjson_per_entry "$TMP/json.txt")" "us"
+row "json: jw per entry" "$(val json_jw_per_entry "$TMP/json.txt")" "us"
+row "json: jw speedup (cJSON/jw)" "$(val json_cjson_over_jw "$TMP/json.txt")" "x"
+
+# ---------------------------------------------------------------- 2. GET vs nginx
+start_kvidxd() { # -> KPORT, KPID
+    KPORT=$(free_port 1)
+    $SRV "$B/kvidxd" --set listen=127.0.0.1:"$KPORT" --set log_level=warn >"$TMP/kvidxd.$KPORT.log" 2>&1 &
+    KPID=$!
+    PIDS="$PIDS $KPID"
+    wait_port "$KPORT" || { echo "kvidxd did not start"; cat "$TMP/kvidxd.$KPORT.log"; exit 1; }
+}
+stop_pid() { kill "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
+
+start_kvidxd
+$CLI "$B/bench_http" put "$KPORT" 1 >/dev/null || { echo "initial PUT failed"; exit 1; }
+CANON=$("$B/bench_http" zgen 1 | tr -d '\r' | tail -1)
+KURL="http://127.0.0.1:$KPORT/v1/keys/$CANON"
+BODY=$(python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" "$KURL" 2>/dev/null ||
+    curl -s "$KURL")
+echo "GET $KURL -> ${#BODY} bytes: $BODY"
+
+NURL=""
+if have nginx; then
+    NPORT=$(free_port 2)
+    mkdir -p "$TMP/nginx/logs"
+    cat >"$TMP/nginx/nginx.conf" <<EOF
+daemon off;
+worker_processes 1;
+error_log $TMP/nginx/logs/error.log warn;
+pid $TMP/nginx/nginx.pid;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $TMP/nginx/cb;
+    proxy_temp_path $TMP/nginx/px;
+    fastcgi_temp_path $TMP/nginx/fc;
+    uwsgi_temp_path $TMP/nginx/uw;
+    scgi_temp_path $TMP/nginx/sc;
+    keepalive_requests 1000000;
+    server {
+        listen 127.0.0.1:$NPORT;
+        location / { default_type application/json; return 200 '$BODY'; }
+    }
+}
+EOF
+    $SRV nginx -e "$TMP/nginx/logs/error.log" -c "$TMP/nginx/nginx.conf" -p "$TMP/nginx" >"$TMP/nginx/out.log" 2>&1 &
+    NGPID=$!
+    PIDS="$PIDS $NGPID"
+    if wait_port "$NPORT"; then
+        NURL="http://127.0.0.1:$NPORT/v1/keys/$CANON"
+        NB=$(python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())" "$NURL" 2>/dev/null)
+        [ "$NB" = "$BODY" ] && echo "nginx answers the same ${#NB}-byte body" || echo "WARNING: nginx body differs: $NB"
+    else
+        echo "nginx did not start (reference missing):"; cat "$TMP/nginx/out.log" "$TMP/nginx/logs/error.log" 2>/dev/null
+    fi
+else
+    echo "nginx not installed: no GET reference (install nginx-light)"
+fi
+
+cat >"$TMP/pipeline.lua" <<'EOF'
+init = function(args)
+    local r = {}
+    for i = 1, 16 do r[i] = wrk.format(nil, wrk.path) end
+    req = table.concat(r)
+end
+request = function() return req end
+EOF
+
+wrk_rps() { # label url conns [lua] -> prints req/s
+    out=$TMP/wrk.$1.txt
+    if [ -n "${4:-}" ]; then
+        $CLI timeout $((WRK_SECS + 30)) wrk -t2 -c"$3" -d"${WRK_SECS}s" --latency -s "$4" "$2" >"$out" 2>&1
+    else
+        $CLI timeout $((WRK_SECS + 30)) wrk -t2 -c"$3" -d"${WRK_SECS}s" --latency "$2" >"$out" 2>&1
+    fi
+    grep -E 'Requests/sec|Non-2xx|Socket errors| 99%' "$out" | sed "s/^/   [$1] /" >&2
+    awk '/Requests\/sec/ { print $2 }' "$out"
+}
+
+if have wrk; then
+    for mode in c32 c256 p16; do
+        case $mode in
+        c32) c=32; lua="" ; target=0.85 ;;
+        c256) c=256; lua=""; target=0.85 ;;
+        p16) c=32; lua=$TMP/pipeline.lua; target=1.00 ;;
+        esac
+        say "GET /v1/keys/{canonical}: wrk -t2 -c$c -d${WRK_SECS}s --latency ${lua:+(16-deep pipeline)}"
+        k=""; n=""; i=0
+        while [ $i -lt "$REPS" ]; do
+            k=$(max "$k" "$(wrk_rps "kvidx-$mode-r$i" "$KURL" "$c" "$lua")")
+            [ -n "$NURL" ] && n=$(max "$n" "$(wrk_rps "nginx-$mode-r$i" "$NURL" "$c" "$lua")")
+            i=$((i + 1))
+        done
+        r=$(ratio "$k" "$n")
+        echo "   kvidx $k req/s, nginx ${n:-n/a} req/s, ratio $r (target >= $target: $(meets "$r" "$target"))"
+        row "GET $mode: kvidx" "$k" "req/s"
+        row "GET $mode: nginx (same body)" "${n:-n/a}" "req/s"
+        row "GET $mode: kvidx/nginx (target>=$target)" "$r" "x $(meets "$r" "$target")"
+    done
+else
+    echo "wrk not installed: skipping GET throughput (install wrk)"
+fi
+stop_pid "$KPID"
+[ -n "$NURL" ] && stop_pid "$NGPID"
+
+# ---------------------------------------------------------------- 3. PUT batches
+say "PUT /v1/keys: $PUT_BATCHES batches of 1000 new keys, one keep-alive connection (C client)"
+start_kvidxd
+$CLI timeout 300 "$B/bench_http" put "$KPORT" "$PUT_BATCHES" 0 | tee "$TMP/put.txt"
+row "PUT batch1000 over HTTP" "$(val put_keys_per_s "$TMP/put.txt")" "keys/s (server time incl. loopback)"
+row "PUT batch1000 incl. client encoding" "$(val put_keys_per_s_incl_client_encode "$TMP/put.txt")" "keys/s"
+PUTIN=$(val put_rate_batch1000_hash32 "$TMP/index.txt")
+row "PUT HTTP / in-process put (avg over ${INDEX_KEYS})" "$(ratio "$(val put_keys_per_s "$TMP/put.txt")" "$PUTIN")" "x"
+
+# ---------------------------------------------------------------- 4. listing vs Redis
+LB=$((LIST_KEYS / 1000))
+REST=$((LB - PUT_BATCHES))
+say "listing: load N=$LIST_KEYS keys (remaining $REST batches), then GET /v1/keys?page_size=1000 to the end"
+[ "$REST" -gt 0 ] && $CLI timeout 400 "$B/bench_http" put "$KPORT" "$REST" "$PUT_BATCHES" >/dev/null
+kl=""; i=0
+while [ $i -lt "$REPS" ]; do
+    $CLI timeout 300 "$B/bench_http" list "$KPORT" $((LB + 10)) | tee "$TMP/list.txt"
+    kl=$(max "$kl" "$(val list_pages_per_s "$TMP/list.txt")")
+    i=$((i + 1))
+done
+row "LIST kvidx N=$LIST_KEYS page_size=1000" "$kl" "pages/s ($(val list_entries "$TMP/list.txt") keys seen)"
+stop_pid "$KPID"
+
+if have redis-server && have redis-cli; then
+    RPORT=$(free_port 3)
+    $SRV redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+        --dir "$TMP" --logfile "$TMP/redis.log" >/dev/null 2>&1 &
+    RPID=$!
+    PIDS="$PIDS $RPID"
+    if wait_port "$RPORT"; then
+        say "Redis reference: ZADD $LIST_KEYS canonical keys (redis-cli --pipe), ZRANGEBYLEX (cursor + LIMIT 0 1000 to the end"
+        "$B/bench_http" zgen "$LIST_KEYS" | timeout 300 redis-cli -p "$RPORT" --pipe | tail -1
+        rl=""; i=0
+        while [ $i -lt "$REPS" ]; do
+            $CLI timeout 300 "$B/bench_http" rlist "$RPORT" $((LB + 10)) | tee "$TMP/rlist.txt"
+            rl=$(max "$rl" "$(val rlist_pages_per_s "$TMP/rlist.txt")")
+            i=$((i + 1))
+        done
+        row "LIST redis ZRANGEBYLEX N=$LIST_KEYS" "$rl" "pages/s ($(val rlist_entries "$TMP/rlist.txt") keys seen)"
+        row "LIST kvidx/redis" "$(ratio "$kl" "$rl")" "x"
+    else
+        echo "redis-server did not start (reference missing)"; cat "$TMP/redis.log" 2>/dev/null
+    fi
+    stop_pid "$RPID"
+else
+    echo "redis-server/redis-cli not installed: no listing reference (install redis-server redis-tools)"
+fi
+
+echo
+echo "================================ summary ================================"
+echo "machine: nproc=$NPROC, $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo), kernel $(uname -r)"
+echo "pinning: $([ "$PIN" = 1 ] && echo 'servers CPU 0, clients CPU 1' || echo none); best of $REPS alternating rounds for GET and LIST"
+printf '%-44s %16s  %s\n' "figure" "value" "unit"
+cat "$SUMMARY"
