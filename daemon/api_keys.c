@@ -15,6 +15,7 @@
 #include "layouts.h"
 #include "log.h"
 #include "metrics.h"
+#include "persist.h"
 
 #include "kvidx/err.h"
 #include "kvidx/list_query.h"
@@ -156,6 +157,8 @@ static int answer_put_error(struct response *res, int rc, size_t conflict, size_
 /* PUT /v1/keys {"tier", "entries": [KeyEntry...]} */
 static int keys_put(const struct request *req, struct response *res)
 {
+    if (persist_refuse(req, res))
+        return 0;
     static const char *const top_names[] = {"tier", "entries", NULL};
     static const char *const entry_names[] = {"key", "size_bytes", NULL};
     cJSON *body;
@@ -250,12 +253,14 @@ out:
     free(items);
     param_errors_free(&pe);
     cJSON_Delete(body);
-    return 0;
+    return persist_ack(req, res);
 }
 
 /* DELETE /v1/keys {"tier", "force", "keys": [EncodedObjectKey...]} */
 static int keys_delete(const struct request *req, struct response *res)
 {
+    if (persist_refuse(req, res))
+        return 0;
     static const char *const top_names[] = {"tier", "force", "keys", NULL};
     cJSON *body;
     if (json_parse_body(req, res, &body) != 0)
@@ -328,7 +333,7 @@ out:
     free(keys);
     param_errors_free(&pe);
     cJSON_Delete(body);
-    return 0;
+    return persist_ack(req, res);
 }
 
 /* Parses the {canonical} path parameter. 0, or answers 400 and returns
@@ -395,6 +400,8 @@ static int key_get(const struct request *req, struct response *res)
 /* PUT /v1/keys/{canonical} {"size_bytes", "tier"} */
 static int key_put(const struct request *req, struct response *res)
 {
+    if (persist_refuse(req, res))
+        return 0;
     static const char *const names[] = {"size_bytes", "tier", NULL};
     kvidx_key_t k;
     if (path_key(req, res, &k) != 0)
@@ -442,12 +449,14 @@ static int key_put(const struct request *req, struct response *res)
 out:
     param_errors_free(&pe);
     cJSON_Delete(body);
-    return 0;
+    return persist_ack(req, res);
 }
 
 /* DELETE /v1/keys/{canonical}[?tier=l1|l2|all&force=true] */
 static int key_delete(const struct request *req, struct response *res)
 {
+    if (persist_refuse(req, res))
+        return 0;
     kvidx_key_t k;
     if (path_key(req, res, &k) != 0)
         return 0;
@@ -484,7 +493,7 @@ static int key_delete(const struct request *req, struct response *res)
     if (o != KVIDX_DEL_DELETED)
         return res_problem(res, KVIDX_ENOTFOUND, "the key has no copy in that tier", NULL, 0);
     res->status = 204;
-    return 0;
+    return persist_ack(req, res);
 }
 
 /* GET /v1/keys?model_name&cache_salt&kv_rank&object_group_id&tier&page_size&page_token */

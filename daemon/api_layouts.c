@@ -11,6 +11,7 @@
 #include "kvidx/err.h"
 #include "kvidx/key.h"
 #include "kvidx/layout.h"
+#include "persist.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -172,9 +173,84 @@ static int layout_parse(const cJSON *body, struct param_errors *pe, struct layou
     return 0;
 }
 
+/* Adds x (taking json) or replaces the layout of the same model and world
+ * size. 0 or KVIDX_ENOMEM (nothing changed, json not taken). */
+static int layouts_insert(struct layouts *l, const struct layout *x, char *json)
+{
+    struct layout *old = layouts_find(l, x->model, x->model_len, x->world_size);
+    if (old) {
+        free(old->json);
+        *old = *x;
+        old->json = json;
+        return 0;
+    }
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 8;
+        struct layout *items = realloc(l->items, cap * sizeof(*items));
+        if (!items)
+            return KVIDX_ENOMEM;
+        l->items = items;
+        l->cap = cap;
+    }
+    l->items[l->n] = *x;
+    l->items[l->n++].json = json;
+    return 0;
+}
+
+int layouts_at(const struct layouts *l, size_t i, const char **model, size_t *model_len,
+               uint8_t *world_size, const char **json)
+{
+    if (!l || i >= l->n)
+        return KVIDX_ENOTFOUND;
+    *model = l->items[i].model;
+    *model_len = l->items[i].model_len;
+    *world_size = l->items[i].world_size;
+    *json = l->items[i].json;
+    return 0;
+}
+
+int layouts_restore(struct layouts *l, const char *json, size_t len)
+{
+    cJSON *body = cJSON_ParseWithLength(json, len);
+    if (!body)
+        return KVIDX_EINVAL;
+    /* The normalized form carries the computed size, which a PUT does not. */
+    cJSON_DeleteItemFromObjectCaseSensitive(body, "size_bytes");
+    struct param_errors pe;
+    struct layout x;
+    struct buf out;
+    struct jw w;
+    memset(&x, 0, sizeof(x));
+    param_errors_init(&pe);
+    buf_init(&out);
+    jw_init(&w, &out);
+    int rc = layout_parse(body, &pe, &x, &w);
+    cJSON_Delete(body);
+    param_errors_free(&pe);
+    if (rc == 0 && out.failed)
+        rc = KVIDX_ENOMEM;
+    if (rc == 0)
+        rc = layouts_insert(l, &x, out.data);
+    if (rc != 0)
+        buf_free(&out);
+    return rc ? (rc == KVIDX_ENOMEM ? rc : KVIDX_EINVAL) : 0;
+}
+
+int layouts_forget(struct layouts *l, const char *model, size_t model_len, uint8_t world_size)
+{
+    struct layout *x = layouts_find(l, model, model_len, world_size);
+    if (!x)
+        return KVIDX_ENOTFOUND;
+    free(x->json);
+    *x = l->items[--l->n];
+    return 0;
+}
+
 static int layouts_put(const struct request *req, struct response *res)
 {
     struct layouts *l = app_layouts(req);
+    if (persist_refuse(req, res))
+        return 0;
     cJSON *body;
     if (json_parse_body(req, res, &body) != 0)
         return 0;
@@ -199,28 +275,16 @@ static int layouts_put(const struct request *req, struct response *res)
         buf_free(&json);
         return res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
     }
-    struct layout *old = layouts_find(l, x.model, x.model_len, x.world_size);
-    if (old) {
-        free(old->json);
-        *old = x;
-        old->json = json.data;
-    } else {
-        if (l->n == l->cap) {
-            size_t cap = l->cap ? l->cap * 2 : 8;
-            struct layout *items = realloc(l->items, cap * sizeof(*items));
-            if (!items) {
-                buf_free(&json);
-                return res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
-            }
-            l->items = items;
-            l->cap = cap;
-        }
-        x.json = json.data;
-        l->items[l->n++] = x;
+    const struct layout *prev = layouts_find(l, x.model, x.model_len, x.world_size);
+    persist_layout_before(req->app, x.model, x.model_len, x.world_size, prev ? prev->json : NULL);
+    if (layouts_insert(l, &x, json.data) != 0) {
+        buf_free(&json);
+        return res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
     }
+    persist_layout_put(req->app, x.model, x.model_len, x.world_size, json.data, json.len);
     buf_append(&res->body, json.data, json.len);
     res_json(res, 200);
-    return 0;
+    return persist_ack(req, res);
 }
 
 static int layouts_get(const struct request *req, struct response *res)
@@ -242,6 +306,8 @@ static int layouts_get(const struct request *req, struct response *res)
 static int layouts_delete(const struct request *req, struct response *res)
 {
     struct layouts *l = app_layouts(req);
+    if (persist_refuse(req, res))
+        return 0;
     char model[KVIDX_MODEL_MAX + 1], wsbuf[16];
     size_t model_len = 0, wslen = 0;
     kvidx_reason_t why;
@@ -263,10 +329,12 @@ static int layouts_delete(const struct request *req, struct response *res)
     if (!x)
         return res_problem(res, KVIDX_ENOTFOUND, "no layout for that model and world size", NULL,
                            0);
+    persist_layout_before(req->app, model, model_len, (uint8_t)ws, x->json);
+    persist_layout_del(req->app, model, model_len, (uint8_t)ws);
     free(x->json);
     *x = l->items[--l->n];
     res->status = 204;
-    return 0;
+    return persist_ack(req, res);
 }
 
 const struct route layout_routes[] = {

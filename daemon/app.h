@@ -25,8 +25,9 @@ struct app {
     struct keystore *keystore;
     struct prefetches *prefetches;
     struct layouts *layouts;
-    int ready;    /* restored and listening: /readyz 200 */
-    int draining; /* shutting down: /readyz 503 */
+    struct persist *persist; /* persist.c: journal and snapshot; NULL without data_dir */
+    int ready;               /* restored and listening: /readyz 200 */
+    int draining;            /* shutting down: /readyz 503 */
     uint64_t started_ms;
 };
 

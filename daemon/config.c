@@ -96,6 +96,8 @@ static const struct setting settings[] = {
         "directory for the snapshot and journal; empty keeps everything in memory"),
     ENUM(fsync, "everysec", fsync_choices, 0,
          "when the journal is flushed to disk: always (every write), everysec, no"),
+    SIZE(snapshot_journal_bytes, "64MiB", 4096, UINT64_C(1) << 50, 1,
+         "journal bytes after which a background snapshot is written and the journal rotated"),
     ENUM(log_level, "info", level_choices, 1,
          "least severe level logged: error, warn, info, debug"),
     ENUM(log_format, "text", format_choices, 1, "log lines as text, or json (one object a line)"),

@@ -20,6 +20,7 @@ struct config {
     char listen[256]; /* host:port */
     char data_dir[1024];
     enum fsync_policy fsync;
+    uint64_t snapshot_journal_bytes; /* journal size that triggers a snapshot */
     enum log_level log_level;
     enum log_format log_format;
     uint64_t l1_capacity_bytes; /* 0 = unbounded */

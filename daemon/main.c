@@ -268,14 +268,6 @@ int main(int argc, char **argv)
         printf("kvidxd: configuration ok\n");
         return 0;
     }
-    if (d->app.cfg.data_dir[0]) {
-        /* Persistence is issue #6 and not built yet: refusing to start is
-         * better than silently serving an in-memory catalogue that an
-         * operator believes survives a restart. */
-        fprintf(stderr, "kvidxd: data_dir is set but persistence is not implemented in this "
-                        "version; unset data_dir to run in memory\n");
-        return 2;
-    }
     if (d->opts.config_path)
         snprintf(d->app.config_path, sizeof(d->app.config_path), "%s", d->opts.config_path);
     log_setup(d->app.cfg.log_level, d->app.cfg.log_format);

@@ -1,13 +1,16 @@
 /*
  * Start-up and shut-down of the data subsystems, and the list of every
  * route table. Order matters: layouts and the key store exist before the
- * prefetch manager, which pins keys in the store; shutdown runs backwards.
+ * prefetch manager, which pins keys in the store; persistence restores the
+ * store and layouts before the prefetch manager starts; shutdown runs
+ * backwards (the journal is flushed and fsynced before the store is freed).
  */
 #include "subsys.h"
 
 #include "app.h"
 #include "keystore.h"
 #include "layouts.h"
+#include "persist.h"
 #include "prefetches.h"
 
 #include "kvidx/err.h"
@@ -22,9 +25,16 @@ int subsystems_init(struct app *app)
     if (!app->layouts)
         return KVIDX_ENOMEM;
     int rc = keystore_init(app);
+    /* Restore before the prefetch manager and before the server exists:
+     * /readyz cannot answer 200 and READY=1 is not sent until it is done. */
+    if (rc == 0)
+        rc = persist_open(app);
     if (rc == 0)
         rc = prefetches_init(app);
     if (rc != 0) {
+        /* Closes the journal's uv handles; the writer thread stays until
+         * the process exits, which it does at once. */
+        persist_stop(app);
         keystore_free(app);
         layouts_free(app->layouts);
         app->layouts = NULL;
@@ -40,11 +50,13 @@ void subsystems_reload(struct app *app)
 void subsystems_stop(struct app *app)
 {
     prefetches_stop(app);
+    persist_stop(app);
 }
 
 void subsystems_free(struct app *app)
 {
     prefetches_free(app);
+    persist_free(app);
     keystore_free(app);
     layouts_free(app->layouts);
     app->layouts = NULL;

@@ -205,6 +205,8 @@ struct kvidx_index {
     uint64_t l1_capacity, l2_capacity;
     kvidx_evict_cb on_evict;
     void *on_evict_ctx;
+    kvidx_change_cb on_change;
+    void *on_change_ctx;
 
     void *scratch;
     size_t scratch_cap;
@@ -1101,6 +1103,30 @@ static void make_key(const kvidx_index_t *idx, const uint8_t *r, kvidx_key_t *k)
     memcpy(k->hash, rec_hash(r), k->hash_len);
 }
 
+/* The durable state of a live ref (see kvidx_durable_t). */
+static kvidx_durable_t durable_of(const kvidx_index_t *idx, kvidx_ref_t ref)
+{
+    const uint8_t *r = rec_at(idx, ref);
+    uint32_t m = rec_l1(r);
+    kvidx_durable_t d = {0, rec_l2(r) ? KVIDX_DURABLE_L2 : 0};
+    if (m && idx->l1[m].state == KVIDX_L1_READY && !idx->l1[m].temporary)
+        d.tiers |= KVIDX_DURABLE_L1;
+    if (d.tiers)
+        d.size_bytes = rec_size(r);
+    return d;
+}
+
+/* Reports a live ref's change from *before to its current state. */
+static void notify(kvidx_index_t *idx, kvidx_ref_t ref, const kvidx_durable_t *before)
+{
+    if (!idx->on_change)
+        return;
+    kvidx_durable_t after = durable_of(idx, ref);
+    kvidx_key_t k;
+    make_key(idx, rec_at(idx, ref), &k);
+    idx->on_change(idx->on_change_ctx, &k, before, &after);
+}
+
 /* Evicts the least recent evictable copy. The LRU must not be empty. */
 static void evict_one(kvidx_index_t *idx)
 {
@@ -1109,6 +1135,7 @@ static void evict_one(kvidx_index_t *idx)
     const uint8_t *r = rec_at(idx, ref);
     uint64_t size = rec_size(r);
     int forgotten = !rec_l2(r);
+    kvidx_durable_t before = durable_of(idx, ref);
     if (idx->on_evict) {
         kvidx_key_t k;
         make_key(idx, r, &k);
@@ -1116,6 +1143,7 @@ static void evict_one(kvidx_index_t *idx)
     }
     l1_drop(idx, ref);
     idx->c.evictions++;
+    notify(idx, ref, &before);
     if (forgotten)
         forget(idx, ref);
 }
@@ -1220,6 +1248,19 @@ void kvidx_index_set_evict_cb(kvidx_index_t *idx, kvidx_evict_cb cb, void *ctx)
 {
     idx->on_evict = cb;
     idx->on_evict_ctx = ctx;
+}
+
+int kvidx_index_reserve(kvidx_index_t *idx, uint64_t nkeys)
+{
+    if (nkeys > ((uint64_t)1 << 31))
+        return KVIDX_EINVAL;
+    return ht_reserve(idx, (size_t)nkeys);
+}
+
+void kvidx_index_set_change_cb(kvidx_index_t *idx, kvidx_change_cb cb, void *ctx)
+{
+    idx->on_change = cb;
+    idx->on_change_ctx = ctx;
 }
 
 /* ---- lookup ---- */
@@ -1336,6 +1377,13 @@ static int put_item_cmp(const kvidx_put_t *items, uint32_t a, uint32_t b)
 /* Bottom-up merge sort of item indices by (key, position). */
 static void sort_items(const kvidx_put_t *items, uint32_t *a, uint32_t *tmp, size_t n)
 {
+    /* Input already in key order (a snapshot being restored, a listing
+     * being copied) costs n - 1 comparisons instead of n log n. */
+    size_t sorted = 1;
+    while (sorted < n && put_item_cmp(items, a[sorted - 1], a[sorted]) <= 0)
+        sorted++;
+    if (sorted == n)
+        return;
     for (size_t w = 1; w < n; w *= 2) {
         for (size_t lo = 0; lo < n; lo += 2 * w) {
             size_t mid = lo + w < n ? lo + w : n;
@@ -1605,11 +1653,142 @@ int kvidx_index_put_batch(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put
             lru_push(idx, m, size);
         }
     }
+    if (idx->on_change) {
+        /* undo[j] holds item order[j]'s state before the batch; a re-put
+         * never changes an existing L1 copy's state or flag. */
+        for (size_t j = 0; j < neff; j++) {
+            const undo_t *u = &undo[j];
+            kvidx_durable_t before = {0, 0};
+            if (!u->created) {
+                before = durable_of(idx, u->ref);
+                before.tiers &= u->l1_created ? 0u : KVIDX_DURABLE_L1;
+                before.tiers |= u->old_l2 ? KVIDX_DURABLE_L2 : 0u;
+                before.size_bytes = before.tiers ? u->old_size : 0;
+            }
+            notify(idx, u->ref, &before);
+        }
+    }
     evict_to_fit(idx);
     return 0;
 
 fail:
     put_rollback(idx, undo, nu, &saved);
+    return rc;
+}
+
+/* ---- bulk load ---- */
+
+int kvidx_index_load(kvidx_index_t *idx, const kvidx_load_t *items, size_t n, size_t *bad_index)
+{
+    if (n == 0)
+        return 0;
+    if (!items || n > (size_t)1 << 24)
+        return KVIDX_EINVAL;
+    uint64_t per_class[NCLASS] = {0}, nl1 = 0, l2_bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        const kvidx_load_t *it = &items[i];
+        if (!key_shape_ok(&it->key) || it->key.model_len == 0 || it->size_bytes == 0 ||
+            it->size_bytes > KVIDX_SIZE_MAX || it->tiers == 0 ||
+            it->tiers > (KVIDX_DURABLE_L1 | KVIDX_DURABLE_L2)) {
+            if (bad_index)
+                *bad_index = i;
+            return KVIDX_EINVAL;
+        }
+        per_class[hash_class(it->key.hash_len)]++;
+        nl1 += (it->tiers & KVIDX_DURABLE_L1) != 0;
+        if (it->tiers & KVIDX_DURABLE_L2)
+            l2_bytes += it->size_bytes;
+    }
+    if (idx->l2_capacity && idx->c.l2_bytes + l2_bytes > idx->l2_capacity)
+        return KVIDX_ECAPACITY;
+    int rc = ht_reserve(idx, n);
+    for (unsigned c = 0; !rc && c < NCLASS; c++)
+        rc = slab_reserve(&idx->slabs[c], per_class[c]);
+    if (!rc)
+        rc = l1_reserve_slots(idx, nl1);
+    if (rc)
+        return rc;
+
+    /* Hashes are computed a few items ahead and their table slots
+     * prefetched: the probe is the one cache miss a new key costs. */
+    enum { AHEAD = 8 };
+    uint64_t hs[AHEAD];
+    ns_t *ns = NULL;
+    for (size_t i = 0; i < n; i++) {
+        const kvidx_load_t *it = &items[i];
+        const kvidx_key_t *k = &it->key;
+        /* Keys decoded from one namespace record share its name pointers:
+         * compare the names only when the pointers change. */
+        int same = ns && i > 0 && k->model == items[i - 1].key.model &&
+                   k->salt == items[i - 1].key.salt && k->model_len == items[i - 1].key.model_len &&
+                   k->salt_len == items[i - 1].key.salt_len;
+        if (!same && (!ns || ns_cmp(ns, k->salt, k->salt_len, k->model, k->model_len) != 0)) {
+            rc = ns_get(idx, k, &ns);
+            if (rc)
+                goto fail;
+            /* Restart the pipeline in the new namespace. */
+            for (size_t j = i; j < n && j < i + AHEAD; j++) {
+                const kvidx_key_t *kj = &items[j].key;
+                tkey_t tj = {kj->kv_rank, kj->group, kj->hash_len, kj->hash};
+                hs[j % AHEAD] = tk_hash(idx, ns->id, &tj);
+                PREFETCH(&idx->ht[hs[j % AHEAD] & (idx->ht_cap - 1)]);
+            }
+        }
+        uint64_t h = hs[i % AHEAD];
+        if (i + AHEAD < n) {
+            const kvidx_key_t *kj = &items[i + AHEAD].key;
+            if ((kj->model == k->model && kj->salt == k->salt && kj->model_len == k->model_len &&
+                 kj->salt_len == k->salt_len) ||
+                ns_cmp(ns, kj->salt, kj->salt_len, kj->model, kj->model_len) == 0) {
+                tkey_t tj = {kj->kv_rank, kj->group, kj->hash_len, kj->hash};
+                hs[(i + AHEAD) % AHEAD] = tk_hash(idx, ns->id, &tj);
+                PREFETCH(&idx->ht[hs[(i + AHEAD) % AHEAD] & (idx->ht_cap - 1)]);
+            }
+        }
+        /* Presence is checked in the tree, not the hash table: for input in
+         * key order the tree's right edge is in cache, while a table probe
+         * would read a random record for every occupied slot it passes. */
+        tkey_t t = {k->kv_rank, k->group, k->hash_len, k->hash};
+        cursor_t cur;
+        tree_seek(idx, ns, &t, 0, &cur);
+        if (cur.leaf && cur.pos < cur.leaf->n &&
+            tk_cmp_rec(&t, rec_at(idx, cur.leaf->refs[cur.pos])) == 0) {
+            if (bad_index)
+                *bad_index = i;
+            rc = KVIDX_ECONFLICT;
+            goto fail;
+        }
+        rc = tree_prepare(idx, ns);
+        if (rc)
+            goto fail;
+        kvidx_ref_t ref = rec_take(idx, hash_class(k->hash_len));
+        uint8_t *r = rec_at(idx, ref);
+        st32(r, ns->id);
+        st32(r + 4, k->kv_rank);
+        st32(r + 8, 0);
+        st16(r + 12, k->group);
+        r[14] = k->hash_len;
+        rec_set_size(r, it->size_bytes);
+        memcpy(r + REC_HDR, k->hash, k->hash_len);
+        tkey_t rt = rec_tkey(r);
+        tree_insert(idx, ns, &rt, ref);
+        ht_insert(idx, ref, h);
+        ns->nkeys++;
+        idx->c.keys++;
+        if (it->tiers & KVIDX_DURABLE_L2) {
+            rec_set_l2(r, 1);
+            idx->c.l2_keys++;
+            idx->c.l2_bytes += it->size_bytes;
+        }
+        if (it->tiers & KVIDX_DURABLE_L1)
+            lru_push(idx, l1_create(idx, ref, KVIDX_L1_READY, 0), it->size_bytes);
+    }
+    evict_to_fit(idx);
+    return 0;
+fail:
+    if (ns)
+        ns_drop_if_empty(idx, ns);
+    evict_to_fit(idx);
     return rc;
 }
 
@@ -1626,6 +1805,7 @@ int kvidx_index_delete(kvidx_index_t *idx, const kvidx_key_t *key, kvidx_tier_t 
         return 0;
     uint8_t *r = rec_at(idx, ref);
     int deleted = 0, skipped = 0;
+    kvidx_durable_t before = durable_of(idx, ref);
     if (tier & KVIDX_TIER_L1) {
         uint32_t m = rec_l1(r);
         if (m) {
@@ -1647,6 +1827,8 @@ int kvidx_index_delete(kvidx_index_t *idx, const kvidx_key_t *key, kvidx_tier_t 
         *outcome = KVIDX_DEL_SKIPPED_PINNED;
     else if (deleted)
         *outcome = KVIDX_DEL_DELETED;
+    if (deleted)
+        notify(idx, ref, &before);
     forget_if_empty(idx, ref);
     return 0;
 }
@@ -1740,6 +1922,12 @@ int kvidx_index_l1_load_done(kvidx_index_t *idx, kvidx_ref_t ref, uint64_t gener
     idx->c.l1_loading--;
     if (!e->pins)
         lru_push(idx, m, rec_size(rec_at(idx, ref)));
+    if (!e->temporary) {
+        kvidx_durable_t before = durable_of(idx, ref);
+        before.tiers &= ~KVIDX_DURABLE_L1;
+        before.size_bytes = before.tiers ? before.size_bytes : 0;
+        notify(idx, ref, &before);
+    }
     return 0;
 }
 
@@ -1761,7 +1949,13 @@ int kvidx_index_set_temporary(kvidx_index_t *idx, kvidx_ref_t ref, int temporary
     uint32_t m = copy_of(idx, ref, 0);
     if (!m)
         return KVIDX_ENOTFOUND;
-    idx->l1[m].temporary = (uint8_t)(temporary != 0);
+    uint8_t t = (uint8_t)(temporary != 0);
+    if (idx->l1[m].temporary == t)
+        return 0;
+    kvidx_durable_t before = durable_of(idx, ref);
+    idx->l1[m].temporary = t;
+    if (idx->l1[m].state == KVIDX_L1_READY)
+        notify(idx, ref, &before);
     return 0;
 }
 

@@ -101,7 +101,7 @@ Test(config, default_fields)
 Test(config, every_row_consistent)
 {
     size_t n = n_settings();
-    cr_assert_eq(n, 24, "one row per field of struct config");
+    cr_assert_eq(n, 25, "one row per field of struct config");
     struct config c;
     config_defaults(&c);
     for (size_t i = 0; i < n; i++) {
@@ -306,12 +306,24 @@ Test(config, reloadable_flags)
                                         "l1_capacity_bytes",
                                         "l2_capacity_bytes",
                                         "prefetch_retention"};
-    static const char *const reloadable[] = {
-        "log_level",          "log_format",      "max_body_bytes",        "max_keys_per_request",
-        "max_header_bytes",   "max_uri_bytes",   "max_json_depth",        "header_timeout_ms",
-        "idle_timeout_ms",    "max_connections", "max_conn_output_bytes", "page_token_ttl_s",
-        "default_lease_ms",   "max_lease_ms",    "handle_grace_ms",       "load_timeout_ms",
-        "shutdown_timeout_ms"};
+    static const char *const reloadable[] = {"log_level",
+                                             "log_format",
+                                             "max_body_bytes",
+                                             "max_keys_per_request",
+                                             "max_header_bytes",
+                                             "max_uri_bytes",
+                                             "max_json_depth",
+                                             "header_timeout_ms",
+                                             "idle_timeout_ms",
+                                             "max_connections",
+                                             "max_conn_output_bytes",
+                                             "page_token_ttl_s",
+                                             "default_lease_ms",
+                                             "max_lease_ms",
+                                             "handle_grace_ms",
+                                             "load_timeout_ms",
+                                             "shutdown_timeout_ms",
+                                             "snapshot_journal_bytes"};
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
         cr_assert_eq(config_reloadable(fixed[i]), 0, "%s", fixed[i]);
     for (size_t i = 0; i < sizeof(reloadable) / sizeof(reloadable[0]); i++)

@@ -52,6 +52,27 @@ typedef enum {
 typedef void (*kvidx_evict_cb)(void *ctx, const kvidx_key_t *key, uint64_t size_bytes,
                                int forgotten);
 
+/* A key's durable state (persistence, issue #6): its size, whether it has
+ * a ready non-temporary L1 copy (KVIDX_DURABLE_L1) and whether it has an L2
+ * copy (KVIDX_DURABLE_L2). tiers == 0 (size_bytes 0) means the key is
+ * absent, or has only loading or temporary copies, which do not survive a
+ * restart. */
+#define KVIDX_DURABLE_L1 1u
+#define KVIDX_DURABLE_L2 2u
+typedef struct kvidx_durable {
+    uint64_t size_bytes;
+    unsigned tiers;
+} kvidx_durable_t;
+
+/* Called after a key's durable state may have changed, with the state
+ * before and after: for stores, deletes, evictions, completed loads and
+ * temporary-flag changes (before may equal after). Calls come in the order
+ * of the changes; within a batch store, in key order, before the evictions
+ * it causes. key views the index's memory during the call only; the
+ * callback must not call into the index. */
+typedef void (*kvidx_change_cb)(void *ctx, const kvidx_key_t *key, const kvidx_durable_t *before,
+                                const kvidx_durable_t *after);
+
 typedef struct kvidx_index_opts {
     uint64_t l1_capacity_bytes; /* 0 = unbounded */
     uint64_t l2_capacity_bytes; /* 0 = unbounded */
@@ -151,6 +172,12 @@ int kvidx_index_set_capacity(kvidx_index_t *idx, uint64_t l1_capacity_bytes,
                              uint64_t l2_capacity_bytes);
 /* Installs (or clears, with cb NULL) the eviction callback. */
 void kvidx_index_set_evict_cb(kvidx_index_t *idx, kvidx_evict_cb cb, void *ctx);
+/* Sizes the hash table for nkeys more keys at once (a restore knows the
+ * count up front), so that bulk stores do not rehash as they grow. Changes
+ * nothing visible. 0, KVIDX_ENOMEM, or KVIDX_EINVAL past 2^31 keys. */
+int kvidx_index_reserve(kvidx_index_t *idx, uint64_t nkeys);
+/* Installs (or clears, with cb NULL) the durable-change callback. */
+void kvidx_index_set_change_cb(kvidx_index_t *idx, kvidx_change_cb cb, void *ctx);
 
 /* ---- lookup ---- */
 
@@ -190,6 +217,25 @@ uint64_t kvidx_index_key_hash64(const kvidx_index_t *idx, const kvidx_key_t *key
  * On success returns 0. */
 int kvidx_index_put_batch(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put_t *items, size_t n,
                           size_t *conflict_index);
+
+/* One item of a bulk load: a key absent from the index, its size and its
+ * KVIDX_DURABLE_* tiers (at least one). */
+typedef struct kvidx_load {
+    kvidx_key_t key;
+    uint64_t size_bytes;
+    unsigned tiers;
+} kvidx_load_t;
+
+/* Bulk load for a restore: inserts n keys that are not in the index, with
+ * their tiers (L1 copies ready, unpinned, not temporary, most recent last).
+ * Much faster than kvidx_index_put_batch (no sort when the input is in key
+ * order, one hash probe per key, no undo log), but NOT all or nothing:
+ * on error the items before *bad_index (when set) stay in. Errors:
+ * KVIDX_EINVAL (a bad item, *bad_index), KVIDX_ECONFLICT (a key already
+ * present or given twice, *bad_index), KVIDX_ECAPACITY (L2 capacity, before
+ * anything is inserted), KVIDX_ENOMEM. L1 above capacity is evicted in LRU
+ * order afterwards, as for a store. No change callback is called. */
+int kvidx_index_load(kvidx_index_t *idx, const kvidx_load_t *items, size_t n, size_t *bad_index);
 
 /* Deletes one key from tier (L1, L2 or ALL). Never fails for a valid tier
  * (KVIDX_EINVAL otherwise) and never allocates. *outcome:

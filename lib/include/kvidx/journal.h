@@ -1,0 +1,149 @@
+/*
+ * On-disk formats of kvidx persistence (SPEC §6 "Persistence", issue #6):
+ * the append-only journal and the snapshot. Pure byte-buffer codecs: the
+ * daemon (daemon/persist.c) does every read, write and fsync; this module
+ * only encodes into caller buffers and decodes from them, so the readers can
+ * be unit-tested at every byte offset and fuzzed.
+ *
+ * All integers are little-endian. Checksums are CRC32C (Castagnoli).
+ *
+ * Journal file (<data_dir>/journal-<generation, 16 hex>.kvj):
+ *   header (32 B): "KVIDXJNL", u32 version, u32 flags (0), u64 generation,
+ *                  u32 crc32c(bytes 0..23), u32 0
+ *   records:       u32 len (payload bytes, 1..KVIDX_JREC_PAYLOAD_MAX),
+ *                  u32 crc32c(len as 4 bytes LE || payload), payload
+ * Records are STATES, not operations: "key K now has tiers T and size S"
+ * (tiers 0: K is gone), "layout (model, world_size) is J", "layout is
+ * gone". Replaying a record twice, or a prefix of a journal, is therefore
+ * always well defined and needs no LRU, pins or eviction.
+ *
+ * Snapshot file (<data_dir>/snapshot.kvs):
+ *   header (32 B):  "KVIDXSNP", u32 version, u32 flags (0), u64 next
+ *                   generation (the first journal NOT covered), u32
+ *                   crc32c(bytes 0..23), u32 0
+ *   records:        as in the journal (len, crc, payload); namespace records
+ *                   (salt, model) precede the key records that use them,
+ *                   keys in kvidx_key_cmp order (listing order)
+ *   trailer (32 B): "KVIDXEND", u64 keys, u64 layouts, u32 crc32c(every byte
+ *                   of the file before this field), u32 0
+ * A snapshot is all or nothing: any mismatch refuses the whole file.
+ */
+#ifndef KVIDX_JOURNAL_H
+#define KVIDX_JOURNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvidx/key.h"
+
+#define KVIDX_JOURNAL_VERSION      1
+#define KVIDX_JOURNAL_HEADER_LEN   32
+#define KVIDX_SNAPSHOT_HEADER_LEN  32
+#define KVIDX_SNAPSHOT_TRAILER_LEN 32
+#define KVIDX_JREC_HDR_LEN         8
+#define KVIDX_JREC_PAYLOAD_MAX     (1u << 20) /* a record's payload, bytes */
+
+/* Tier bits of a key state. 0 = the key is gone. */
+#define KVIDX_STATE_L1 1u /* a ready, non-temporary L1 copy */
+#define KVIDX_STATE_L2 2u
+
+typedef enum {
+    KVIDX_JREC_KEY = 1,        /* key state (journal and snapshot) */
+    KVIDX_JREC_LAYOUT_PUT = 2, /* layout registered (blob = normalized JSON) */
+    KVIDX_JREC_LAYOUT_DEL = 3, /* layout removed (journal only) */
+    KVIDX_JREC_NS = 4,         /* snapshot only: namespace of the following keys */
+    KVIDX_JREC_SKEY = 5,       /* snapshot only: key state within the namespace */
+} kvidx_jrec_type_t;
+
+/* One decoded record. Pointers view the decoded buffer (or, for a snapshot
+ * key, the reader) and stay valid while it does. */
+typedef struct kvidx_jrec {
+    kvidx_jrec_type_t type;
+    /* KEY: the key; LAYOUT_*: key.model/model_len name the model. */
+    kvidx_key_t key;
+    uint64_t size_bytes; /* KEY: 1..2^40, or 0 when tiers == 0 */
+    uint8_t tiers;       /* KEY: KVIDX_STATE_* bits */
+    uint8_t world_size;  /* LAYOUT_*: 1..255 */
+    const uint8_t *blob; /* LAYOUT_PUT: the layout's normalized JSON */
+    size_t blob_len;
+} kvidx_jrec_t;
+
+/* CRC32C of n bytes, continuing from crc (start with 0). Uses the SSE4.2
+ * instruction when the CPU has it, a table otherwise; same result. */
+uint32_t kvidx_crc32c(uint32_t crc, const void *p, size_t n);
+
+/* ---- journal ---- */
+
+/* Writes the 32-byte header of journal `generation` into out. */
+void kvidx_journal_header_encode(uint64_t generation, uint8_t out[KVIDX_JOURNAL_HEADER_LEN]);
+/* Checks a journal header: 0 and *generation, or KVIDX_EINVAL (short,
+ * bad magic, unknown version, bad checksum). */
+int kvidx_journal_header_decode(const uint8_t *p, size_t n, uint64_t *generation);
+
+/* Bytes the framed record of *r takes (header + payload); 0 when *r cannot
+ * be encoded (bad type, field out of range). */
+size_t kvidx_jrec_size(const kvidx_jrec_t *r);
+/* Encodes *r, framed, into out[0..cap). 0 and *len; KVIDX_ENOBUFS when cap
+ * is short (*len gets the size needed); KVIDX_EINVAL when *r is not
+ * encodable. Types KEY, LAYOUT_PUT, LAYOUT_DEL (NS and SKEY are the
+ * snapshot writer's). */
+int kvidx_jrec_encode(const kvidx_jrec_t *r, uint8_t *out, size_t cap, size_t *len);
+
+/* Reads the record at buf[*off..len). Returns 1 with *rec filled and *off
+ * advanced past it; 0 when *off == len (clean end); KVIDX_EINVAL when the
+ * bytes at *off are not a whole valid record (torn write, bad checksum,
+ * bad length, malformed or snapshot-only payload): *off is then left at the
+ * first byte of the bad record, which is where a journal is truncated. */
+int kvidx_journal_next(const uint8_t *buf, size_t len, size_t *off, kvidx_jrec_t *rec);
+
+/* ---- snapshot ---- */
+
+typedef struct kvidx_snapshot_writer {
+    uint32_t crc; /* of every byte produced so far */
+    uint64_t keys, layouts;
+    int has_ns;
+    uint8_t model_len, salt_len;
+    char model[KVIDX_MODEL_MAX];
+    char salt[KVIDX_SALT_MAX];
+} kvidx_snapshot_writer_t;
+
+/* Largest number of bytes kvidx_snapshot_add produces for one key (a
+ * namespace record and a key record). */
+#define KVIDX_SNAPSHOT_KEY_MAX                                                                     \
+    (2 * KVIDX_JREC_HDR_LEN + 3 + KVIDX_MODEL_MAX + KVIDX_SALT_MAX + 17 + KVIDX_HASH_MAX)
+
+/* Starts a snapshot covering every journal before next_generation: writes
+ * the header into out. */
+void kvidx_snapshot_begin(kvidx_snapshot_writer_t *w, uint64_t next_generation,
+                          uint8_t out[KVIDX_SNAPSHOT_HEADER_LEN]);
+/* Adds a KEY (tiers != 0) or LAYOUT_PUT record. Keys must come in
+ * kvidx_key_cmp order (not checked). 0 and *len, KVIDX_ENOBUFS (cap short,
+ * nothing consumed) or KVIDX_EINVAL (not encodable). */
+int kvidx_snapshot_add(kvidx_snapshot_writer_t *w, const kvidx_jrec_t *r, uint8_t *out, size_t cap,
+                       size_t *len);
+/* Writes the trailer (counts and the whole-file checksum). */
+void kvidx_snapshot_finish(kvidx_snapshot_writer_t *w, uint8_t out[KVIDX_SNAPSHOT_TRAILER_LEN]);
+
+typedef struct kvidx_snapshot_reader {
+    const uint8_t *buf;
+    size_t end; /* first trailer byte */
+    size_t off;
+    uint64_t next_generation;
+    uint64_t keys, layouts;   /* announced by the trailer */
+    uint64_t nkeys, nlayouts; /* read so far */
+    int has_ns;
+    const char *model, *salt;
+    uint8_t model_len, salt_len;
+} kvidx_snapshot_reader_t;
+
+/* Verifies a whole snapshot held in buf[0..len) (header, trailer, the
+ * checksum over everything) and prepares *r to read it. 0, or KVIDX_EINVAL
+ * with a static reason in *why (when why is not NULL). */
+int kvidx_snapshot_open(kvidx_snapshot_reader_t *r, const uint8_t *buf, size_t len,
+                        const char **why);
+/* The next KEY or LAYOUT_PUT record: 1 and *rec; 0 at the end (the counts
+ * matched the trailer); KVIDX_EINVAL on any malformed record or count
+ * mismatch. Keys carry their namespace in rec->key. */
+int kvidx_snapshot_next(kvidx_snapshot_reader_t *r, kvidx_jrec_t *rec);
+
+#endif

@@ -1,0 +1,1050 @@
+"""Persistence over a real kvidxd (SPEC §6 "Persistence", §3.1, §3.2, §5;
+issue #6): snapshot + journal in data_dir, black-box.
+
+Files (as agreed for issue #6): <data_dir>/snapshot.kvs,
+<data_dir>/journal-<16 hex>.kvj (generation-numbered), and
+<data_dir>/page_token.secret (mode 0600). Settings: data_dir,
+fsync = always | everysec | no, snapshot_journal_bytes.
+
+What is checked:
+
+* a restart (SIGTERM, start again) brings back every key with its size and
+  its L1/L2 presence, deletes stay deleted, layouts come back — under each
+  fsync policy, twice in a row;
+* under fsync=always an acknowledged write (PUT or DELETE) survives kill -9,
+  at random moments, also while background snapshots run;
+* a torn, corrupt or garbage-extended journal tail is dropped (logged, never
+  fatal), and what is written afterwards survives the next kill -9;
+* a corrupt or truncated snapshot refuses to start (non-zero exit, the file
+  named) and is neither served nor destroyed;
+* snapshots rotate the journal and old journals are removed;
+* page tokens survive a restart; the secret file is 0600;
+* pins and prefetch handles do not survive a restart (ids from before: 404);
+* /readyz is never 200 before the restored data is queryable; READY=1 too;
+* a journal that cannot be written (RLIMIT_FSIZE, set on the daemon only)
+  answers 503 storage_unavailable, changes nothing, and writes resume by
+  themselves once it can be written again.
+
+Each test uses its own temporary data_dir; every daemon started is killed in
+cleanup. Random choices print their seed (KVIDX_TEST_SEED reproduces).
+"""
+
+import glob
+import json
+import os
+import random
+import re
+import resource
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import zlib
+from urllib.parse import quote, urlencode
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import LISTEN_RE, Conn, Daemon, build_request  # noqa: E402
+
+SNAPSHOT = "snapshot.kvs"
+SECRET = "page_token.secret"
+JOURNAL_RE = re.compile(r"^journal-([0-9a-f]{16})\.kvj$")
+TRUNC_RE = re.compile(r"(?i)trunc|torn|corrupt|checksum|drop")
+START_TIMEOUT = 60.0
+
+SEED = int(os.environ.get("KVIDX_TEST_SEED", "0")) or random.randrange(1, 1 << 30)
+print("test_persistence: seed %d (KVIDX_TEST_SEED)" % SEED, file=sys.stderr)
+
+
+# -- keys ------------------------------------------------------------------
+def key(i, model="p", rank=0, group=0, salt=""):
+    k = {"model_name": model, "kv_rank": rank, "object_group_id": group,
+         "chunk_hash_hex": "%016x" % i}
+    if salt:
+        k["cache_salt"] = salt
+    return k
+
+
+def canon(k):
+    s = "%s@%08x@%x@%s" % (k["model_name"], k.get("kv_rank", 0), k.get("object_group_id", 0),
+                           k["chunk_hash_hex"].lower())
+    if k.get("cache_salt"):
+        s += "@" + k["cache_salt"]
+    return s
+
+
+def key_path(k):
+    return "/v1/keys/" + quote(canon(k), safe="@")
+
+
+# -- data_dir --------------------------------------------------------------
+def journals(data_dir):
+    """Journal paths, oldest generation first."""
+    out = []
+    for name in os.listdir(data_dir):
+        m = JOURNAL_RE.match(name)
+        if m:
+            out.append((int(m.group(1), 16), os.path.join(data_dir, name)))
+    return [p for _, p in sorted(out)]
+
+
+def newest_journal(data_dir):
+    js = journals(data_dir)
+    return js[-1] if js else None
+
+
+def listing_of(data_dir):
+    try:
+        return sorted(os.listdir(data_dir))
+    except OSError as e:
+        return repr(e)
+
+
+class PersistenceBase(unittest.TestCase):
+    """Helpers: start/stop daemons on a data_dir and read back the catalogue."""
+
+    base_settings = {}
+
+    def setUp(self):
+        self.daemons = []
+        self.rng = random.Random(SEED ^ zlib.crc32(self.id().encode()))
+
+    def tearDown(self):
+        for d in self.daemons:
+            d.kill()
+
+    def new_dir(self):
+        t = tempfile.TemporaryDirectory(prefix="kvidx-persist-")
+        self.addCleanup(t.cleanup)
+        return t.name
+
+    def start(self, data_dir, daemon_cls=Daemon, **settings):
+        s = {"data_dir": data_dir}
+        s.update(self.base_settings)
+        s.update({k: v for k, v in settings.items() if k != "notify"})
+        d = daemon_cls(settings=s, start=False, notify=settings.get("notify", False))
+        self.daemons.append(d)
+        d.start(START_TIMEOUT)
+        return d
+
+    def stop(self, d):
+        rc = d.stop(timeout=30)
+        self.assertEqual(rc, 0, "kvidxd did not exit 0 on SIGTERM; log:\n" + d.log())
+        d.kill()
+
+    def kill9(self, d):
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait(10)
+        d.kill()
+
+    def wait_ready(self, d, timeout=30.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                if d.request("GET", "/readyz").status == 200:
+                    return
+            except OSError:
+                pass
+            self.assertTrue(d.running(), "kvidxd exited; log:\n" + d.log())
+            time.sleep(0.02)
+        self.fail("/readyz not 200 within %.0fs; log:\n%s" % (timeout, d.log()))
+
+    # -- writes ----------------------------------------------------------
+    def put(self, d, keys, tier="l2", size=100, sizes=None):
+        entries = []
+        for i, k in enumerate(keys):
+            e = {"key": k}
+            s = sizes[i] if sizes is not None else size
+            if s is not None:
+                e["size_bytes"] = s
+            entries.append(e)
+        r = d.request("PUT", "/v1/keys", {"tier": tier, "entries": entries}, timeout=60)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["stored"], len(keys))
+        return r
+
+    def delete(self, d, keys, tier="all"):
+        r = d.request("DELETE", "/v1/keys", {"tier": tier, "keys": keys}, timeout=30)
+        self.assertEqual(r.status, 200, r)
+        return r.json()
+
+    # -- reads -----------------------------------------------------------
+    def found(self, d, keys):
+        """Set of indices of keys found (either tier), by POST /v1/lookup."""
+        if not keys:
+            return set()
+        r = d.request("POST", "/v1/lookup", {"keys": keys}, timeout=60)
+        self.assertEqual(r.status, 200, r)
+        return set(r.json()["found_indices"])
+
+    def assert_present(self, d, keys, what="keys"):
+        f = self.found(d, keys)
+        missing = [canon(keys[i]) for i in range(len(keys)) if i not in f]
+        self.assertFalse(bool(missing),
+                         "%d of %d %s missing after restart (seed %d), e.g. %s; log:\n%s"
+                         % (len(missing), len(keys), what, SEED, missing[:5], d.log()[-3000:]))
+
+    def assert_absent(self, d, keys, what="deleted keys"):
+        f = self.found(d, keys)
+        back = [canon(keys[i]) for i in sorted(f)]
+        self.assertFalse(bool(back), "%d %s came back after restart (seed %d), e.g. %s"
+                         % (len(back), what, SEED, back[:5]))
+
+    def list_all(self, d, tier="any", page_size=5000):
+        out = {}
+        tok = None
+        for _ in range(10000):
+            q = {"page_size": page_size, "tier": tier}
+            if tok:
+                q["page_token"] = tok
+            r = d.request("GET", "/v1/keys?" + urlencode(q), timeout=30)
+            self.assertEqual(r.status, 200, r)
+            j = r.json()
+            for e in j["entries"]:
+                c = canon(e["key"])
+                self.assertNotIn(c, out, "listed twice")
+                out[c] = e["size_bytes"]
+            tok = j["next_page_token"]
+            if tok is None:
+                return out
+        self.fail("listing did not end")
+
+    def state(self, d):
+        """{canonical: (size_bytes, in_l1, in_l2)} of the whole catalogue."""
+        anyt = self.list_all(d, "any")
+        l1 = self.list_all(d, "l1")
+        l2 = self.list_all(d, "l2")
+        return {c: (s, c in l1, c in l2) for c, s in anyt.items()}
+
+    def layouts(self, d):
+        r = d.request("GET", "/v1/layouts")
+        self.assertEqual(r.status, 200, r)
+        return sorted(r.json()["layouts"], key=lambda x: (x["model_name"], x["world_size"]))
+
+    def stats_keys(self, d):
+        r = d.request("GET", "/v1/stats")
+        self.assertEqual(r.status, 200, r)
+        j = r.json()
+        return j["keys"], j["bytes"]
+
+    def key_info(self, d, k):
+        r = d.request("GET", key_path(k))
+        if r.status == 404:
+            return None
+        self.assertEqual(r.status, 200, r)
+        return r.json()
+
+    def assert_same_state(self, before, after, msg):
+        if before == after:
+            return
+        lost = sorted(set(before) - set(after))
+        extra = sorted(set(after) - set(before))
+        changed = sorted(c for c in set(before) & set(after) if before[c] != after[c])
+        self.fail("%s: %d lost %s, %d extra %s, %d changed %s" % (
+            msg, len(lost), lost[:5], len(extra), extra[:5], len(changed),
+            [(c, before[c], after[c]) for c in changed[:5]]))
+
+
+# ---------------------------------------------------------------------------
+# 1. Restart round trip
+# ---------------------------------------------------------------------------
+class RoundTrip(PersistenceBase):
+    def populate(self, d):
+        """A catalogue touching every kind of acknowledged change."""
+        a = [key(i, "m1") for i in range(6)]                      # l2 only
+        b = [key(i, "m2", rank=0x01000100, salt="t1") for i in range(5)]  # l1 only
+        c = [key(i, "m3", group=3) for i in range(4)]             # both tiers
+        self.put(d, a, "l2", sizes=[1000 + i for i in range(6)])
+        self.put(d, b, "l1", sizes=[1 + i for i in range(5)])
+        self.put(d, c, "l2", size=4096)
+        self.put(d, c, "l1", size=4096)
+        # re-put with another size: the new size is what comes back
+        self.put(d, [a[0]], "l2", size=1 << 40)
+        # batch delete (all tiers), and tier-only deletes
+        j = self.delete(d, [a[1], a[2]])
+        self.assertEqual(j["deleted"], 2)
+        self.delete(d, [c[0]], tier="l1")   # c0 -> l2 only
+        self.delete(d, [c[1]], tier="l2")   # c1 -> l1 only
+        # single-key DELETE and PUT
+        r = d.request("DELETE", key_path(b[0]))
+        self.assertEqual(r.status, 204, r)
+        single = key(7, "m4", salt="s")
+        r = d.request("PUT", key_path(single), {"size_bytes": 77, "tier": "l1"})
+        self.assertEqual(r.status, 200, r)
+        # layouts: one kept, one deleted; a key sized by its layout
+        r = d.request("PUT", "/v1/layouts", {"model_name": "lay", "shapes": [[2, 4]],
+                                             "dtypes": ["float16"]})
+        self.assertEqual(r.status, 200, r)
+        r = d.request("PUT", "/v1/layouts", {
+            "model_name": "lay", "world_size": 2, "shapes": [[3, 5], [7]],
+            "dtypes": ["float32", "int8"]})
+        self.assertEqual(r.status, 200, r)
+        r = d.request("PUT", "/v1/layouts", {"model_name": "gone", "shapes": [[1]],
+                                             "dtypes": ["bool"]})
+        self.assertEqual(r.status, 200, r)
+        r = d.request("DELETE", "/v1/layouts?" + urlencode({"model_name": "gone",
+                                                            "world_size": 1}))
+        self.assertIn(r.status, (200, 204), r)
+        self.put(d, [key(1, "lay", rank=0x01000100)], "l2", size=None)
+        deleted = [a[1], a[2], b[0]]
+        return deleted
+
+    def round_trip(self, fsync):
+        dd = self.new_dir()
+        d = self.start(dd, fsync=fsync)
+        deleted = self.populate(d)
+        before = self.state(d)
+        lay_key = key(1, "lay", rank=0x01000100)
+        self.assertEqual(before[canon(lay_key)], (16, False, True))
+        self.assertEqual(before[canon(key(0, "m3", group=3))], (4096, False, True))
+        self.assertEqual(before[canon(key(1, "m3", group=3))], (4096, True, False))
+        lay_before = self.layouts(d)
+        self.assertEqual(len(lay_before), 2)
+        st_before = self.stats_keys(d)
+        self.stop(d)
+        self.assertTrue(os.path.exists(os.path.join(dd, SECRET)), listing_of(dd))
+
+        for rnd in range(2):
+            d = self.start(dd, fsync=fsync)
+            self.wait_ready(d)
+            self.assert_same_state(before, self.state(d),
+                                   "fsync=%s, restart %d" % (fsync, rnd + 1))
+            self.assertEqual(self.layouts(d), lay_before)
+            self.assertEqual(self.stats_keys(d), st_before)
+            self.assert_absent(d, deleted)
+            for c, (size, l1, l2) in before.items():
+                if l1:
+                    model, rank, group, h = c.split("@")[:4]
+                    k = {"model_name": model, "kv_rank": int(rank, 16),
+                         "object_group_id": int(group, 16), "chunk_hash_hex": h}
+                    salt = c.split("@")[4:]
+                    if salt:
+                        k["cache_salt"] = salt[0]
+                    info = self.key_info(d, k)
+                    self.assertEqual(info["l1"]["state"], "ready", info)
+                    self.assertEqual(info["l1"]["pins"], 0, info)
+                    self.assertEqual(info["l2"], l2, info)
+                    self.assertEqual(info["size_bytes"], size, info)
+            # change something after the restart: it must survive the next one
+            extra = key(100 + rnd, "after")
+            self.put(d, [extra], "l1", size=5 + rnd)
+            gone = key(3 + rnd, "m1")
+            self.delete(d, [gone])
+            before[canon(extra)] = (5 + rnd, True, False)
+            del before[canon(gone)]
+            deleted.append(gone)
+            st_before = self.stats_keys(d)
+            self.stop(d)
+
+    def test_fsync_always(self):
+        self.round_trip("always")
+
+    def test_fsync_everysec(self):
+        self.round_trip("everysec")
+
+    def test_fsync_no(self):
+        self.round_trip("no")
+
+    def test_warm_and_eviction_survive_restart(self):
+        # L1 changes not made by PUT/DELETE: a WARM promotion adds L1
+        # copies, capacity eviction removes them; both come back as they were
+        dd = self.new_dir()
+        settings = {"fsync": "always", "l1_capacity_bytes": 100}
+        d = self.start(dd, **settings)
+        warm = [key(i, "w") for i in range(4)]
+        self.put(d, warm, "l2", size=10)
+        r = d.request("POST", "/v1/prefetches", {"keys": warm, "mode": "WARM"})
+        self.assertEqual(r.status, 201, r)
+        r = d.request("GET", "/v1/prefetches/%s?wait_ms=5000" % r.json()["id"], timeout=10)
+        self.assertEqual(r.json()["status"], "completed", r)
+        self.put(d, [key(i, "e") for i in range(5)], "l1", size=10)
+        self.put(d, [key(i, "e2") for i in range(3)], "l1", size=10)  # evicts 2 L1 copies
+        before = self.state(d)
+        self.assertEqual(sum(1 for v in before.values() if v[1]), 10, before)
+        self.kill9(d)
+        d = self.start(dd, **settings)
+        self.wait_ready(d)
+        self.assert_same_state(before, self.state(d), "WARM/eviction after kill -9")
+        self.stop(d)
+        d = self.start(dd, **settings)
+        self.wait_ready(d)
+        self.assert_same_state(before, self.state(d), "WARM/eviction after a restart")
+        self.stop(d)
+
+    def test_empty_data_dir_starts_empty_and_creates_files(self):
+        dd = self.new_dir()
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assertEqual(self.stats_keys(d)[0]["total"], 0)
+        self.stop(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assertEqual(self.stats_keys(d)[0]["total"], 0)
+        self.stop(d)
+
+
+# ---------------------------------------------------------------------------
+# 2. kill -9 under fsync=always
+# ---------------------------------------------------------------------------
+class Kill9(PersistenceBase):
+    base_settings = {"fsync": "always"}
+
+    def crash_rounds(self, rounds, **settings):
+        dd = self.new_dir()
+        acked = {}          # canonical -> (key, size): acknowledged present
+        deleted = {}        # canonical -> key: acknowledged deleted
+        counter = [0]
+        for rnd in range(rounds):
+            d = self.start(dd, **settings)
+            self.wait_ready(d)
+            # everything acknowledged before the previous kill is here
+            if acked:
+                keys = [k for k, _ in acked.values()]
+                self.assert_present(d, keys, "acknowledged keys (round %d)" % rnd)
+                got = self.list_all(d)
+                wrong = [(c, s, got.get(c)) for c, (_, s) in acked.items() if got.get(c) != s]
+                self.assertFalse(bool(wrong), "sizes differ: %s" % wrong[:5])
+            if deleted:
+                self.assert_absent(d, list(deleted.values()),
+                                   "acknowledged deletes (round %d)" % rnd)
+            stop = threading.Event()
+            rng = random.Random(self.rng.random())
+            errors = []
+
+            def writer():
+                try:
+                    while not stop.is_set():
+                        op = rng.random()
+                        if op < 0.25 and acked:
+                            victims = rng.sample(sorted(acked), min(len(acked), rng.randint(1, 5)))
+                            ks = [acked[c][0] for c in victims]
+                            for c in victims:   # uncertain until acknowledged
+                                del acked[c]
+                            r = d.request("DELETE", "/v1/keys", {"keys": ks}, timeout=10)
+                            if r.status == 200:
+                                for c, k in zip(victims, ks):
+                                    deleted[c] = k
+                        elif op < 0.35:
+                            counter[0] += 1
+                            k = key(counter[0], "k9", salt="r%d" % rnd)
+                            size = rng.randint(1, 1 << 20)
+                            r = d.request("PUT", key_path(k), {"size_bytes": size,
+                                                               "tier": rng.choice(["l1", "l2"])},
+                                          timeout=10)
+                            if r.status == 200:
+                                acked[canon(k)] = (k, size)
+                        else:
+                            ks = []
+                            sizes = []
+                            for _ in range(rng.randint(1, 50)):
+                                counter[0] += 1
+                                ks.append(key(counter[0], "k9", rank=counter[0] % 3))
+                                sizes.append(rng.randint(1, 1 << 30))
+                            r = d.request("PUT", "/v1/keys", {
+                                "tier": rng.choice(["l1", "l2"]),
+                                "entries": [{"key": k, "size_bytes": s}
+                                            for k, s in zip(ks, sizes)]}, timeout=10)
+                            if r.status == 200:
+                                for k, s in zip(ks, sizes):
+                                    acked[canon(k)] = (k, s)
+                            elif r.status >= 500:
+                                errors.append(r)
+                except (OSError, EOFError, ValueError):
+                    pass  # the daemon was killed mid-request: not acknowledged
+
+            t = threading.Thread(target=writer, daemon=True)
+            t.start()
+            time.sleep(rng.uniform(0.05, 0.5))
+            self.kill9(d)
+            stop.set()
+            t.join(15)
+            self.assertFalse(t.is_alive(), "writer stuck")
+            self.assertFalse(bool(errors), errors[:3])
+        d = self.start(dd, **settings)
+        self.wait_ready(d)
+        self.assertTrue(acked, "no write was acknowledged at all")
+        self.assert_present(d, [k for k, _ in acked.values()], "acknowledged keys (final)")
+        self.assert_absent(d, list(deleted.values()), "acknowledged deletes (final)")
+        got = self.list_all(d)
+        wrong = [(c, s, got.get(c)) for c, (_, s) in acked.items() if got.get(c) != s]
+        self.assertFalse(bool(wrong), "sizes differ: %s" % wrong[:5])
+        self.stop(d)
+
+    def test_acknowledged_writes_survive_kill9(self):
+        self.crash_rounds(5, snapshot_journal_bytes="1GiB")
+
+    def test_acknowledged_writes_survive_kill9_during_snapshots(self):
+        self.crash_rounds(4, snapshot_journal_bytes="4KiB")
+
+
+# ---------------------------------------------------------------------------
+# 3. Torn / corrupt journal tail
+# ---------------------------------------------------------------------------
+class TornTail(PersistenceBase):
+    base_settings = {"fsync": "always", "snapshot_journal_bytes": "1GiB"}
+
+    def batch(self, n, size=5):
+        return [key(n * 1000 + i, "torn") for i in range(size)]
+
+    def write(self, d, ns):
+        for n in ns:
+            self.put(d, self.batch(n), "l2", size=100 + n)
+
+    def last_batch_found(self, d, n):
+        """How many keys of the batch whose tail was damaged came back (the
+        journal's record granularity is not visible: any number is allowed
+        when the damage is a truncation; a record with a bad checksum must
+        not be applied, so then fewer than all)."""
+        f = self.found(d, self.batch(n))
+        sys.stderr.write("[%d of 5 keys of the damaged batch back] " % len(f))
+        return len(f)
+
+    def damaged_start(self, dd):
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assertTrue(TRUNC_RE.search(d.log()), "the log does not mention the dropped "
+                        "journal tail:\n" + d.log())
+        return d
+
+    def newest_nonempty(self, dd):
+        j = newest_journal(dd)
+        self.assertIsNotNone(j, "no journal file in %s: %s" % (dd, listing_of(dd)))
+        self.assertGreater(os.path.getsize(j), 0,
+                           "newest journal empty after acknowledged writes and kill -9: %s"
+                           % listing_of(dd))
+        return j
+
+    def test_truncated_tail(self):
+        dd = self.new_dir()
+        d = self.start(dd)
+        self.write(d, range(10))
+        self.kill9(d)
+        j = self.newest_nonempty(dd)
+        size = os.path.getsize(j)
+        with open(j, "r+b") as f:
+            f.truncate(size - 3)
+        d = self.damaged_start(dd)
+        self.assert_present(d, [k for n in range(9) for k in self.batch(n)])
+        self.last_batch_found(d, 9)
+        # what is written after the repair survives the next crash: the new
+        # records must not sit behind garbage that a replay stops at
+        self.write(d, [10, 11])
+        self.kill9(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, [k for n in list(range(9)) + [10, 11] for k in self.batch(n)])
+        self.stop(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, [k for n in list(range(9)) + [10, 11] for k in self.batch(n)])
+        self.stop(d)
+
+    def test_garbage_appended(self):
+        dd = self.new_dir()
+        d = self.start(dd)
+        self.write(d, range(5))
+        self.stop(d)
+        j = newest_journal(dd)
+        self.assertIsNotNone(j, listing_of(dd))
+        with open(j, "ab") as f:
+            f.write(bytes(self.rng.randrange(256) for _ in range(37)))
+        d = self.damaged_start(dd)
+        self.assert_present(d, [k for n in range(5) for k in self.batch(n)])
+        self.write(d, [5])
+        self.kill9(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, [k for n in range(6) for k in self.batch(n)])
+        self.stop(d)
+
+    def test_zeroed_tail(self):
+        # a crash can leave a preallocated / zero-filled tail
+        dd = self.new_dir()
+        d = self.start(dd)
+        self.write(d, range(4))
+        self.kill9(d)
+        j = self.newest_nonempty(dd)
+        with open(j, "ab") as f:
+            f.write(b"\0" * 4096)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, [k for n in range(4) for k in self.batch(n)])
+        self.write(d, [4])
+        self.kill9(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, [k for n in range(5) for k in self.batch(n)])
+        self.stop(d)
+
+    def test_flipped_byte_in_last_record(self):
+        dd = self.new_dir()
+        d = self.start(dd)
+        self.write(d, range(6))
+        self.kill9(d)
+        j = self.newest_nonempty(dd)
+        size = os.path.getsize(j)
+        with open(j, "r+b") as f:
+            f.seek(size - 2)
+            b = f.read(1)
+            f.seek(size - 2)
+            f.write(bytes([b[0] ^ 0x5A]))
+        d = self.damaged_start(dd)
+        self.assert_present(d, [k for n in range(5) for k in self.batch(n)])
+        self.assertLess(self.last_batch_found(d, 5), 5,
+                        "a record with a bad checksum was applied")
+        self.write(d, [6])
+        self.kill9(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, [k for n in list(range(5)) + [6] for k in self.batch(n)])
+        self.stop(d)
+
+
+# ---------------------------------------------------------------------------
+# 4. Corrupt snapshot refuses to start; 5. snapshot + rotation
+# ---------------------------------------------------------------------------
+class Snapshots(PersistenceBase):
+    base_settings = {"fsync": "always", "snapshot_journal_bytes": "4KiB"}
+
+    def fill_until_snapshot(self, d, dd, first=0, batches=200, timeout=15.0):
+        written = []
+        max_journals = 0
+        end = time.monotonic() + timeout
+        n = first
+        while time.monotonic() < end:
+            if n - first < batches:
+                ks = [key(n * 100 + i, "snap", group=n % 4) for i in range(20)]
+                self.put(d, ks, "l1" if n % 3 == 0 else "l2", size=1 + n)
+                written += ks
+                n += 1
+            else:
+                time.sleep(0.05)
+            max_journals = max(max_journals, len(journals(dd)))
+            if os.path.exists(os.path.join(dd, SNAPSHOT)) and n - first >= 20:
+                break
+        self.assertTrue(os.path.exists(os.path.join(dd, SNAPSHOT)),
+                        "no %s after %d batches with snapshot_journal_bytes=4KiB: %s; log:\n%s"
+                        % (SNAPSHOT, n - first, listing_of(dd), d.log()))
+        return written, n, max_journals
+
+    def run_refusing(self, dd, timeout=20.0):
+        """Starts kvidxd on a damaged data_dir; returns (exit code, log). Fails
+        if it ever answers /readyz 200 or keeps running."""
+        s = {"data_dir": dd}
+        s.update(self.base_settings)
+        d = Daemon(settings=s, start=False)
+        self.daemons.append(d)
+        logf = open(d.log_path, "wb")
+        self.addCleanup(logf.close)
+        d.proc = subprocess.Popen(d.command(), stdin=subprocess.DEVNULL, stdout=logf,
+                                  stderr=logf, env=d.env)
+        end = time.monotonic() + timeout
+        while d.proc.poll() is None and time.monotonic() < end:
+            m = LISTEN_RE.search(d.log())
+            if m:
+                d.addr = (m.group(1).strip("[]"), int(m.group(2)))
+                try:
+                    r = d.request("GET", "/readyz", timeout=1)
+                    self.assertNotEqual(r.status, 200, "a daemon with a corrupt snapshot is "
+                                        "ready; log:\n" + d.log())
+                except OSError:
+                    pass
+            time.sleep(0.02)
+        rc = d.proc.poll()
+        self.assertIsNotNone(rc, "kvidxd still running %.0fs after start on a corrupt "
+                             "snapshot; log:\n%s" % (timeout, d.log()))
+        return rc, d.log()
+
+    def corrupt_and_refuse(self, damage):
+        dd = self.new_dir()
+        d = self.start(dd)
+        self.fill_until_snapshot(d, dd)
+        self.stop(d)
+        snap = os.path.join(dd, SNAPSHOT)
+        self.assertTrue(os.path.exists(snap), listing_of(dd))
+        with open(snap, "rb") as f:
+            data = bytearray(f.read())
+        self.assertGreater(len(data), 64, "snapshot suspiciously small")
+        data = damage(data)
+        with open(snap, "wb") as f:
+            f.write(data)
+        rc, log = self.run_refusing(dd)
+        self.assertNotEqual(rc, 0, "started and exited 0 on a corrupt snapshot; log:\n" + log)
+        self.assertGreater(rc, 0, "killed by signal %d rather than refusing; log:\n%s"
+                           % (-rc, log))
+        self.assertIn(SNAPSHOT, log, "the message does not name the snapshot file:\n" + log)
+        # the evidence is kept: a second start refuses again, never starts empty
+        with open(snap, "rb") as f:
+            self.assertEqual(f.read(), bytes(data), "the corrupt snapshot was modified")
+        rc2, log2 = self.run_refusing(dd)
+        self.assertNotEqual(rc2, 0, log2)
+
+    def test_flipped_byte_in_snapshot_refuses(self):
+        def flip(data):
+            data[len(data) // 2] ^= 0x01
+            return data
+        self.corrupt_and_refuse(flip)
+
+    def test_truncated_snapshot_refuses(self):
+        self.corrupt_and_refuse(lambda data: data[:len(data) // 2])
+
+    def test_snapshot_rotation_and_recovery(self):
+        dd = self.new_dir()
+        d = self.start(dd)
+        written, n, max_j = self.fill_until_snapshot(d, dd, batches=120, timeout=30)
+        # keep writing: more snapshots, journals rotate
+        for m in range(n, n + 60):
+            ks = [key(m * 100 + i, "snap", group=m % 4) for i in range(20)]
+            self.put(d, ks, "l2", size=1 + m)
+            written += ks
+            max_j = max(max_j, len(journals(dd)))
+        end = time.monotonic() + 10
+        while len(journals(dd)) > 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        self.assertLessEqual(len(journals(dd)), 2,
+                             "old journals are not removed: %s" % listing_of(dd))
+        self.assertLessEqual(max_j, 8, "journals pile up during snapshots: max %d" % max_j)
+        # keys deleted before and after a snapshot stay deleted
+        dels = written[:40:3]
+        self.delete(d, dels)
+        dset = set(canon(k) for k in dels)
+        # written after the (last) snapshot
+        tail = [key(999000 + i, "after-snap") for i in range(7)]
+        self.put(d, tail, "l1", size=3)
+        before = self.state(d)
+        self.assertEqual(len(before), len(written) - len(dset) + len(tail))
+        self.kill9(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_same_state(before, self.state(d), "after kill -9 with snapshots")
+        self.stop(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_same_state(before, self.state(d), "after a clean restart with snapshots")
+        self.stop(d)
+
+
+# ---------------------------------------------------------------------------
+# 6. Page tokens survive a restart
+# ---------------------------------------------------------------------------
+class PageTokens(PersistenceBase):
+    def test_token_survives_restart(self):
+        dd = self.new_dir()
+        d = self.start(dd)
+        ks = [key(i, "pt") for i in range(10)]
+        self.put(d, ks, "l2", size=10)
+        r = d.request("GET", "/v1/keys?" + urlencode({"model_name": "pt", "page_size": 2}))
+        self.assertEqual(r.status, 200, r)
+        j = r.json()
+        first = [canon(e["key"]) for e in j["entries"]]
+        tok = j["next_page_token"]
+        self.assertIsNotNone(tok)
+        secret = os.path.join(dd, SECRET)
+        self.assertTrue(os.path.exists(secret), listing_of(dd))
+        self.assertEqual(stat.S_IMODE(os.stat(secret).st_mode), 0o600)
+        self.stop(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assertEqual(stat.S_IMODE(os.stat(secret).st_mode), 0o600)
+        rest = []
+        for _ in range(100):
+            r = d.request("GET", "/v1/keys?" + urlencode({"model_name": "pt", "page_size": 2,
+                                                          "page_token": tok}))
+            self.assertEqual(r.status, 200, "page token from before the restart: %r" % r)
+            j = r.json()
+            rest += [canon(e["key"]) for e in j["entries"]]
+            tok = j["next_page_token"]
+            if tok is None:
+                break
+        self.assertEqual(first + rest, sorted(canon(k) for k in ks))
+        self.stop(d)
+
+    def test_token_from_memory_daemon_is_not_honoured(self):
+        # a token of another process (another secret) is 410 (SPEC §3.2) or 400
+        dd = self.new_dir()
+        other = self.start(self.new_dir())
+        self.put(other, [key(i, "pt") for i in range(4)], "l2")
+        tok = other.request("GET", "/v1/keys?page_size=1").json()["next_page_token"]
+        d = self.start(dd)
+        self.put(d, [key(i, "pt") for i in range(4)], "l2")
+        r = d.request("GET", "/v1/keys?" + urlencode({"page_size": 1, "page_token": tok}))
+        self.assertIn(r.status, (400, 410), r)
+        self.stop(d)
+        self.stop(other)
+
+
+# ---------------------------------------------------------------------------
+# 7. Pins and handles do not survive
+# ---------------------------------------------------------------------------
+class PinsAndHandles(PersistenceBase):
+    def pinned_setup(self, d):
+        l1 = [key(i, "pin") for i in range(4)]
+        self.put(d, l1, "l1", size=10)
+        self.put(d, l1[2:], "l2", size=10)
+        r = d.request("POST", "/v1/prefetches", {"keys": l1, "extra_count": 2,
+                                                 "lease_ms": 600000})
+        self.assertEqual(r.status, 201, r)
+        hid = r.json()["id"]
+        r = d.request("GET", "/v1/prefetches/%s?wait_ms=5000" % hid, timeout=10)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["status"], "completed", r)
+        for k in l1:
+            self.assertEqual(self.key_info(d, k)["l1"]["pins"], 3)
+        return l1, hid
+
+    def test_pins_and_handles_do_not_survive(self):
+        dd = self.new_dir()
+        d = self.start(dd, fsync="always")
+        l1, hid = self.pinned_setup(d)
+        self.stop(d)
+        d = self.start(dd, fsync="always")
+        self.wait_ready(d)
+        for i, k in enumerate(l1):
+            info = self.key_info(d, k)
+            self.assertIsNotNone(info, canon(k))
+            self.assertEqual(info["l1"]["state"], "ready", info)
+            self.assertEqual(info["l1"]["pins"], 0, info)
+            self.assertFalse(info["l1"]["temporary"], info)
+            self.assertEqual(info["l2"], i >= 2, info)
+        self.assertEqual(self.stats_keys(d)[0].get("l1", 4), 4)
+        self.assertEqual(d.request("GET", "/v1/prefetches/%s" % hid).status, 404)
+        # unpinned: a plain delete works without force
+        j = self.delete(d, [l1[0]])
+        self.assertEqual(j["deleted"], 1, j)
+        self.stop(d)
+
+    def test_pins_do_not_survive_kill9(self):
+        dd = self.new_dir()
+        d = self.start(dd, fsync="always")
+        l1, hid = self.pinned_setup(d)
+        self.kill9(d)
+        d = self.start(dd, fsync="always")
+        self.wait_ready(d)
+        for k in l1:
+            info = self.key_info(d, k)
+            self.assertEqual(info["l1"], {"state": "ready", "pins": 0, "temporary": False}, info)
+        self.assertEqual(d.request("GET", "/v1/prefetches/%s" % hid).status, 404)
+        self.stop(d)
+
+    def test_handle_ids_not_reused_after_restart(self):
+        # A reader that held handle N before the restart must not release or
+        # read someone else's handle afterwards: ids from before stay 404
+        # even once new handles are opened.
+        dd = self.new_dir()
+        d = self.start(dd)
+        l1, hid = self.pinned_setup(d)
+        self.stop(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        r = d.request("POST", "/v1/prefetches", {"keys": l1[:1], "lease_ms": 600000})
+        self.assertEqual(r.status, 201, r)
+        self.assertNotEqual(r.json()["id"], hid,
+                            "a new handle reuses the id of a handle from before the restart")
+        self.assertEqual(d.request("GET", "/v1/prefetches/%s" % hid).status, 404)
+        r = d.request("POST", "/v1/prefetches/%s/release" % hid, {})
+        self.assertEqual(r.status, 404, r)
+        self.stop(d)
+
+
+# ---------------------------------------------------------------------------
+# 8. readyz during restore
+# ---------------------------------------------------------------------------
+class ReadyDuringRestore(PersistenceBase):
+    N = 200000
+
+    def test_ready_only_after_restore(self):
+        dd = self.new_dir()
+        d = self.start(dd, fsync="no", snapshot_journal_bytes="1GiB")
+        step = 20000
+        for b in range(0, self.N, step):
+            self.put(d, [key(i, "big", rank=i % 4) for i in range(b, b + step)], "l2", size=64)
+        self.assertEqual(self.stats_keys(d)[0]["total"], self.N)
+        sample = [key(i, "big", rank=i % 4) for i in range(0, self.N, 97)]
+        self.stop(d)
+
+        # restore from the journal only, then from snapshot (+ journal)
+        for phase in ("journal", "again"):
+            s = {"data_dir": dd, "fsync": "no", "snapshot_journal_bytes": "1GiB"}
+            d = Daemon(settings=s, start=False, notify=True)
+            self.daemons.append(d)
+            d.start(START_TIMEOUT)
+            seen = []
+            end = time.monotonic() + START_TIMEOUT
+            while time.monotonic() < end:
+                try:
+                    st = d.request("GET", "/readyz", timeout=5).status
+                except OSError:
+                    st = None
+                seen.append(st)
+                if st == 200:
+                    break
+                self.assertTrue(d.running(), d.log())
+            self.assertEqual(seen[-1], 200, "never ready: %s; log:\n%s" % (seen[-20:], d.log()))
+            self.assertTrue(all(s in (503, None) for s in seen[:-1]), seen)
+            # the moment it says ready, everything is queryable
+            keys, _ = self.stats_keys(d)
+            self.assertEqual(keys["total"], self.N, "ready before the restore was done (%s)"
+                             % phase)
+            self.assert_present(d, sample)
+            self.assertTrue(d.wait_notify("READY=1", 5), d.notifications())
+            self.assertRegex(d.log(), r"\b%d\b" % self.N,
+                             "the restore log line does not report the key count")
+            sys.stderr.write("[%s: %d readyz polls before 200] " % (phase, len(seen) - 1))
+            self.stop(d)
+
+
+# ---------------------------------------------------------------------------
+# 9. storage_unavailable: a journal that cannot be written
+# ---------------------------------------------------------------------------
+IGNORE_XFSZ = ("import os, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+               "os.execv(sys.argv[1], sys.argv[1:])")
+
+
+class XfszDaemon(Daemon):
+    """kvidxd with SIGXFSZ ignored (inherited across exec), so that a file
+    size limit set later with prlimit(2) on this process only makes its
+    writes fail with EFBIG."""
+
+    def command(self):
+        cmd = super().command()
+        return [sys.executable, "-c", IGNORE_XFSZ] + cmd
+
+
+@unittest.skipUnless(hasattr(resource, "prlimit"), "needs prlimit(2)")
+class StorageUnavailable(PersistenceBase):
+    base_settings = {"fsync": "always", "snapshot_journal_bytes": "1GiB"}
+
+    def put_raw(self, d, ks, size=8, tier="l2"):
+        return d.request("PUT", "/v1/keys", {"tier": tier, "entries": [
+            {"key": k, "size_bytes": size} for k in ks]})
+
+    def test_pipelined_writes_to_one_key_fail_cleanly(self):
+        # Several writes to the same key in one loop turn, all failing: each
+        # answers 503 and the key ends exactly as before the first one.
+        dd = self.new_dir()
+        d = self.start(dd, daemon_cls=XfszDaemon)
+        self.wait_ready(d)
+        k = key(1, "pipe")
+        self.put(d, [k], "l2", size=5)
+        j = newest_journal(dd)
+        pid = d.proc.pid
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (os.path.getsize(j), resource.RLIM_INFINITY))
+        try:
+            c = Conn(d)
+            self.addCleanup(c.close)
+            reqs = [build_request("PUT", key_path(k), {"size_bytes": 1, "tier": "l1"}),
+                    build_request("PUT", "/v1/keys", {"tier": "l1", "entries": [
+                        {"key": k, "size_bytes": 2}, {"key": key(2, "pipe"), "size_bytes": 3}]}),
+                    build_request("DELETE", key_path(k))]
+            c.send(b"".join(reqs))
+            statuses = [c.read_response().status for _ in reqs]
+            self.assertEqual(statuses, [503, 503, 503], statuses)
+            info = self.key_info(d, k)
+            self.assertEqual((info["size_bytes"], info["l1"], info["l2"]), (5, None, True), info)
+            self.assertIsNone(self.key_info(d, key(2, "pipe")))
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_FSIZE,
+                             (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        end = time.monotonic() + 10
+        while True:
+            r = self.put_raw(d, [key(3, "pipe")])
+            if r.status == 200 or time.monotonic() > end:
+                break
+            time.sleep(0.1)
+        self.assertEqual(r.status, 200, "writes did not resume: %r" % r)
+        self.kill9(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        info = self.key_info(d, k)
+        self.assertEqual((info["size_bytes"], info["l1"], info["l2"]), (5, None, True), info)
+        self.assertIsNone(self.key_info(d, key(2, "pipe")))
+        self.assertIsNotNone(self.key_info(d, key(3, "pipe")))
+        self.stop(d)
+
+    def test_journal_write_failure_503_then_resumes(self):
+        dd = self.new_dir()
+        d = self.start(dd, daemon_cls=XfszDaemon)
+        self.wait_ready(d)
+        acked = [key(i, "su") for i in range(10)]
+        self.put(d, acked, "l2", size=8)
+        j = newest_journal(dd)
+        self.assertIsNotNone(j, listing_of(dd))
+        limit = os.path.getsize(j) + 1500
+        pid = d.proc.pid
+        violations = []
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+        try:
+            first = None
+            for n in range(1, 200):
+                ks = [key(n * 100 + i, "su") for i in range(10)]
+                r = self.put_raw(d, ks)
+                if r.status == 200:
+                    acked += ks
+                    continue
+                self.assertEqual(r.status, 503, r)
+                self.assertEqual(r.json()["code"], "storage_unavailable", r)
+                first = ks
+                break
+            self.assertIsNotNone(first, "never refused a write past RLIMIT_FSIZE")
+            # SPEC §5: "answers 503 storage_unavailable and changes nothing"
+            # -- also for the write whose journal append is the one that fails
+            first_found = self.found(d, first)
+            if first_found:
+                violations.append(
+                    "the write whose journal append failed was answered 503 "
+                    "storage_unavailable but changed state: %d of its %d keys are "
+                    "served (SPEC §5: a refused write changes nothing)"
+                    % (len(first_found), len(first)))
+            # while the journal stays unwritable, further writes are refused
+            # and change nothing
+            second = [key(800000 + i, "su") for i in range(10)]
+            r = self.put_raw(d, second)
+            self.assertEqual(r.status, 503, r)
+            self.assertEqual(r.json()["code"], "storage_unavailable", r)
+            self.assertEqual(self.found(d, second), set(), "a refused write changed state")
+            r = d.request("DELETE", "/v1/keys", {"keys": acked[:2]})
+            self.assertEqual(r.status, 503, r)
+            r = d.request("DELETE", key_path(acked[2]))
+            self.assertEqual(r.status, 503, r)
+            r = d.request("PUT", "/v1/layouts", {"model_name": "su", "shapes": [[1]],
+                                                 "dtypes": ["bool"]})
+            self.assertEqual(r.status, 503, r)
+            self.assert_present(d, acked)
+            self.assertEqual(d.request("GET", "/livez").status, 200)
+            self.assertRegex(d.log(), r"storage_unavailable|journal")
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_FSIZE,
+                             (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        # writes resume by themselves
+        resumed = [key(900000 + i, "su") for i in range(10)]
+        end = time.monotonic() + 10
+        while True:
+            r = self.put_raw(d, resumed, size=9, tier="l1")
+            if r.status == 200 or time.monotonic() > end:
+                break
+            time.sleep(0.1)
+        self.assertEqual(r.status, 200, "writes did not resume: %r" % r)
+        acked += resumed
+        more = [key(910000 + i, "su") for i in range(10)]
+        self.put(d, more, "l2", size=9)
+        acked += more
+        first_before_crash = self.found(d, first)
+        self.kill9(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, acked, "keys acknowledged around a storage outage")
+        self.assert_absent(d, second, "keys of a refused write")
+        # whatever the daemon served for the failed write, it serves the same
+        # after a crash (no state that exists only in memory)
+        self.assertEqual(self.found(d, first), first_before_crash,
+                         "the failed write's keys differ between memory and disk")
+        self.stop(d)
+        if violations:
+            self.fail("; ".join(violations))
+
+
+if __name__ == "__main__":
+    unittest.main()
