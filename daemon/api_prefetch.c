@@ -249,6 +249,7 @@ static int kreq_parse(const struct request *req, struct response *res, int kind,
     param_errors_init(&pe);
     uint64_t max = req->app->cfg.max_keys_per_request;
     int rc = 1;
+    size_t key_errors = 0;
 
     if (!cJSON_IsObject(body)) {
         param_errors_add(&pe, "must be a JSON object", "body");
@@ -318,8 +319,13 @@ static int kreq_parse(const struct request *req, struct response *res, int kind,
         size_t i = 0;
         for (const cJSON *k = keys->child; k; k = k->next, i++) {
             kvidx_reason_t why = {"key", "invalid"};
-            if (json_to_key(k, &kr->keys[i], &why) != 0)
-                param_errors_add(&pe, why.rule, "keys[%zu]", i);
+            if (json_to_key(k, &kr->keys[i], &why) != 0) {
+                key_errors++;
+                if (strcmp(why.field, "key") == 0)
+                    param_errors_add(&pe, why.rule, "keys[%zu]", i);
+                else
+                    param_errors_add(&pe, why.rule, "keys[%zu].%s", i, why.field);
+            }
         }
         kr->n = n;
         if (pe.n)
@@ -334,9 +340,11 @@ static int kreq_parse(const struct request *req, struct response *res, int kind,
     kvidx_reason_t why;
     kr->is_ipc = 1;
     if (!cJSON_IsString(model) ||
-        kvidx_key_check_model(model->valuestring, strlen(model->valuestring), &why) != 0)
+        kvidx_key_check_model(model->valuestring, strlen(model->valuestring), &why) != 0) {
+        key_errors++;
         param_errors_add(&pe, "must be a valid model name (1..255 bytes UTF-8, no '@')",
                          "model_name");
+    }
     uint64_t world = 0, wid = 0;
     if (json_uint(ws, 1, 255, &world) != 0)
         param_errors_add(&pe, "required, an integer 1..255", "world_size");
@@ -348,9 +356,11 @@ static int kreq_parse(const struct request *req, struct response *res, int kind,
         kr->ipc.worker_id = (int32_t)wid;
     }
     if (salt && (!cJSON_IsString(salt) ||
-                 kvidx_key_check_salt(salt->valuestring, strlen(salt->valuestring), &why)))
+                 kvidx_key_check_salt(salt->valuestring, strlen(salt->valuestring), &why))) {
+        key_errors++;
         param_errors_add(&pe, "must be a string of at most 128 bytes without '@', '/', '\\'",
                          "cache_salt");
+    }
     if (!cJSON_IsArray(hashes))
         param_errors_add(&pe, "required, an array of hex chunk hashes", "chunk_hashes");
     if (groups && (!cJSON_IsArray(groups) || cJSON_GetArraySize(groups) < 1))
@@ -418,9 +428,11 @@ static int kreq_parse(const struct request *req, struct response *res, int kind,
         kvidx_key_t *k = n ? &kr->keys[i * R] : &proto;
         *k = proto;
         if (!cJSON_IsString(h) || kvidx_key_hash_from_hex(h->valuestring, strlen(h->valuestring),
-                                                          k->hash, &k->hash_len, &why) != 0)
+                                                          k->hash, &k->hash_len, &why) != 0) {
+            key_errors++;
             param_errors_add(&pe, "must be 2..128 hex digits, an even count", "chunk_hashes[%zu]",
                              i);
+        }
     }
     if (pe.n) {
         free(gids);
@@ -449,7 +461,10 @@ static int kreq_parse(const struct request *req, struct response *res, int kind,
     rc = 0;
     goto out;
 bad:
-    param_errors_respond(&pe, res, KVIDX_EINVAL, "the request is not valid");
+    /* SPEC §1.1: a key that breaks the key rules is invalid_key, whatever
+     * else is wrong with the request. */
+    param_errors_respond(&pe, res, key_errors ? KVIDX_EKEY : KVIDX_EINVAL,
+                         "the request is not valid");
 out:
     param_errors_free(&pe);
     if (rc)
@@ -540,6 +555,7 @@ static int api_lookup(const struct request *req, struct response *res)
     jw_index_list(&w, "found_indices", flags, kr.n, LK_FOUND);
     jw_key(&w, "hit_keys");
     jw_u64(&w, kvidx_prefetch_leading_run(found, kr.n));
+    metrics_observe_lookup(req->app->metrics, kvidx_prefetch_leading_run(found, kr.n));
     jw_key(&w, "found_bytes");
     jw_u64(&w, bytes);
     jw_key(&w, "hit_chunks");
@@ -1628,6 +1644,12 @@ int prefetches_init(struct app *app)
     if (!pf)
         return KVIDX_ENOMEM;
     pf->app = app;
+    /* With data_dir the catalogue outlives the process, and so may a
+     * client's memory of a handle id: start ids from the wall clock (ms x
+     * 1000, below 2^53) so that an id from before a restart never names a
+     * new handle (persistence, issue #6). */
+    if (app->persist)
+        pf->next_id = app_wall_ms() * 1000;
     uv_timer_init(app->loop, &pf->catalog_timer);
     pf->catalog_timer.data = pf;
     app->prefetches = pf;

@@ -44,6 +44,12 @@ static const char *const bucket_text[] = {"0.0001", "0.00025", "0.0005", "0.001"
                                           "0.25",   "0.5",     "1",      "2.5",   "5"};
 #define N_BUCKETS (sizeof(bucket_le) / sizeof(bucket_le[0]))
 
+/* kvidx_lookup_hit_keys: upper bounds in keys; +Inf after the last. 262144
+ * is 4096 chunks x 8 groups x 8 ranks, the largest ipc lookup we plan for. */
+static const uint64_t hit_le[] = {0,   1,   2,   4,    8,    16,    32,    64,
+                                  128, 256, 512, 1024, 4096, 16384, 65536, 262144};
+#define N_HIT_BUCKETS (sizeof(hit_le) / sizeof(hit_le[0]))
+
 struct series {
     uint64_t count;
     double sum;
@@ -66,6 +72,8 @@ struct metrics {
     struct counter_row counters[MAX_COUNTERS];
     size_t n_counters;
     uint64_t requests_total;
+    uint64_t hit_buckets[N_HIT_BUCKETS + 1]; /* per bucket; last is +Inf */
+    uint64_t hit_count, hit_sum;
     uint64_t conn_open, conn_accepted, conn_rejected;
     double start_time; /* wall clock, seconds since the epoch */
 };
@@ -140,6 +148,18 @@ void metrics_observe_request(struct metrics *m, const char *route, int status, d
     s->count++;
     s->sum += seconds;
     m->requests_total++;
+}
+
+void metrics_observe_lookup(struct metrics *m, uint64_t hit_keys)
+{
+    if (!m)
+        return;
+    size_t b = 0;
+    while (b < N_HIT_BUCKETS && hit_keys > hit_le[b])
+        b++;
+    m->hit_buckets[b]++;
+    m->hit_count++;
+    m->hit_sum += hit_keys;
 }
 
 void metrics_conn_opened(struct metrics *m)
@@ -291,6 +311,26 @@ static void render_http(const struct metrics *m, struct buf *out)
             buf_putc(out, '\n');
         }
     }
+}
+
+static void render_lookup(const struct metrics *m, struct buf *out)
+{
+    family(out, "kvidx_lookup_hit_keys", "histogram",
+           "hit_keys (leading run of found keys) of each answered POST /v1/lookup.");
+    uint64_t cum = 0;
+    for (size_t b = 0; b <= N_HIT_BUCKETS; b++) {
+        cum += m->hit_buckets[b];
+        buf_puts(out, "kvidx_lookup_hit_keys_bucket{le=\"");
+        if (b < N_HIT_BUCKETS)
+            buf_put_u64(out, hit_le[b]);
+        else
+            buf_puts(out, "+Inf");
+        buf_puts(out, "\"} ");
+        buf_put_u64(out, cum);
+        buf_putc(out, '\n');
+    }
+    sample_u64(out, "kvidx_lookup_hit_keys_sum", m->hit_sum);
+    sample_u64(out, "kvidx_lookup_hit_keys_count", m->hit_count);
 }
 
 static void render_connections(const struct metrics *m, struct buf *out)
@@ -457,6 +497,7 @@ void metrics_render(struct metrics *m, const struct app *app, struct buf *out)
     render_process(m, out);
     render_connections(m, out);
     render_http(m, out);
+    render_lookup(m, out);
     render_counters(m, out);
     if (app)
         render_app(app, out);

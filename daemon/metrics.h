@@ -17,6 +17,9 @@ void metrics_free(struct metrics *m);
 /* One finished request: route label (router's name, "unknown" when none),
  * HTTP status, and latency in seconds. */
 void metrics_observe_request(struct metrics *m, const char *route, int status, double seconds);
+/* One answered POST /v1/lookup: its hit_keys (leading run of found keys),
+ * into the kvidx_lookup_hit_keys histogram. */
+void metrics_observe_lookup(struct metrics *m, uint64_t hit_keys);
 /* Connection gauge and counters. */
 void metrics_conn_opened(struct metrics *m);
 void metrics_conn_closed(struct metrics *m);

@@ -8,16 +8,22 @@
 #
 # Knobs (environment):
 #   BENCH_INDEX_KEYS  keys for bench_index       (default 10000000; ~3 min)
-#   BENCH_LIST_KEYS   N keys for the listing run (default 1000000, multiple of 1000)
+#   BENCH_LIST_KEYS   N keys for the listing run (default 1000000, multiple of 1000;
+#                     10000000 works but adds ~5 min: see docs/PERFORMANCE.md)
 #   BENCH_PUT_BATCHES PUT batches of 1000 timed  (default 200)
 #   BENCH_WRK_SECS    duration of each wrk run   (default 5)
 #   BENCH_REPS        rounds of each wrk / listing comparison, alternating
 #                     kvidx and reference; the best round of each counts (default 2)
+#   BENCH_PF_REPS     submit+poll+release cycles of the 1024-key prefetch (default 500);
+#                     the 262,144-key ipc prefetch runs BENCH_PF_REPS/25 cycles (>= 8)
+#   BENCH_LOOKUP_SECS seconds of each lookup / MGET round (default 3)
 #   BENCH_PIN         1 = server on CPU 0, client on CPU 1 (default 1 if nproc >= 2)
 set -u
 B=${1:-build-bench}
 INDEX_KEYS=${BENCH_INDEX_KEYS:-10000000}
 LIST_KEYS=${BENCH_LIST_KEYS:-1000000}
+PF_REPS=${BENCH_PF_REPS:-500}
+LOOKUP_SECS=${BENCH_LOOKUP_SECS:-3}
 PUT_BATCHES=${BENCH_PUT_BATCHES:-200}
 WRK_SECS=${BENCH_WRK_SECS:-5}
 REPS=${BENCH_REPS:-2}
@@ -46,6 +52,8 @@ have() { command -v "$1" >/dev/null 2>&1; }
 val() { awk -v k="$1" '$1 == k { print $2; exit }' "$2"; }
 max() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "") print b; else if (b == "") print a; else print (a + 0 >= b + 0 ? a : b) }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2f", a / b }'; }
+meets_le() { awk -v r="$1" -v t="$2" 'BEGIN { if (r == "n/a" || r == "") print "n/a"; else if (r + 0 <= t + 0) print "MET"; else print "MISSED" }'; }
+min() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "") print b; else if (b == "") print a; else print (a + 0 <= b + 0 ? a : b) }'; }
 meets() { awk -v r="$1" -v t="$2" 'BEGIN { if (r == "n/a") print "n/a"; else if (r + 0 >= t + 0) print "MET"; else print "MISSED" }'; }
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null ||
@@ -65,7 +73,7 @@ echo "kvidx bench: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "machine: nproc=$NPROC cpu=\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\" kernel=$(uname -r)"
 echo "pinning: $([ "$PIN" = 1 ] && echo 'servers on CPU 0, clients (wrk, bench_http) on CPU 1' || echo none)"
 
-for p in kvidxd bench_index bench_fold bench_json bench_http; do
+for p in kvidxd bench_index bench_fold bench_json bench_http bench_lookup; do
     [ -x "$B/$p" ] || { echo "missing $B/$p: build with -DKVIDX_BENCH=ON first" >&2; exit 1; }
 done
 
@@ -238,6 +246,78 @@ if have redis-server && have redis-cli; then
 else
     echo "redis-server/redis-cli not installed: no listing reference (install redis-server redis-tools)"
 fi
+
+# ---------------------------------------------------------------- 5. lookup and prefetch (issue 5)
+# All keys are stored in L1 (tier l1), so a LOOKUP prefetch pins hits only and
+# completes in its 201; the cycle measures submit + poll + release of a handle.
+say "lookup / LOOKUP prefetch: keys stored in L1; 1024-key key form, 1024-key ipc form (128x1x8), 262,144-key ipc form (4096x8x8)"
+start_kvidxd
+L=$B/bench_lookup
+$CLI timeout 120 "$L" load "$KPORT" key1024 l1 &&
+    $CLI timeout 120 "$L" load "$KPORT" ipc128.1.8 l1 &&
+    $CLI timeout 120 "$L" load "$KPORT" ipc4096.8.8 l1 || echo "lookup key load failed"
+
+say "prefetch: POST /v1/prefetches (LOOKUP, 1024 keys, key form) -> GET ?wait_ms=1000 -> DELETE, $PF_REPS cycles; cJSON parse of the same body in-process (floor)"
+pk=""; i=0
+while [ $i -lt "$REPS" ]; do
+    $CLI timeout 300 "$L" prefetch "$KPORT" key1024 "$PF_REPS" | tee "$TMP/pf1024.$i.txt"
+    r=$(val prefetch_cycle_over_floor "$TMP/pf1024.$i.txt")
+    pk=$(min "$pk" "$r")
+    [ "$r" = "$pk" ] && cp "$TMP/pf1024.$i.txt" "$TMP/pf1024.txt"
+    i=$((i + 1))
+done
+row "PREFETCH key1024: cycles (submit+poll+release)" "$(val prefetch_cycles_per_s "$TMP/pf1024.txt")" "cycles/s"
+row "PREFETCH key1024: cycle, median" "$(val prefetch_cycle_us "$TMP/pf1024.txt")" "us ($(val prefetch_submit_us "$TMP/pf1024.txt")/$(val prefetch_poll_us "$TMP/pf1024.txt")/$(val prefetch_release_us "$TMP/pf1024.txt") submit/poll/release)"
+row "PREFETCH key1024: server time per key" "$(val prefetch_ns_per_key "$TMP/pf1024.txt")" "ns/key (incl. loopback)"
+row "PREFETCH key1024: cJSON parse floor" "$(val floor_parse_us "$TMP/pf1024.txt")" "us ($(val prefetch_body_bytes "$TMP/pf1024.txt") B body)"
+row "PREFETCH key1024: cycle/floor (target<=3)" "$pk" "x $(meets_le "$pk" 3)"
+
+PF_BIG=$((PF_REPS / 25)); [ "$PF_BIG" -lt 8 ] && PF_BIG=8
+say "prefetch: 262,144-key ipc form (4096 chunks x 8 groups x 8 ranks), $PF_BIG cycles"
+$CLI timeout 300 "$L" prefetch "$KPORT" ipc4096.8.8 "$PF_BIG" | tee "$TMP/pfipc.txt"
+row "PREFETCH ipc262144: cycles (submit+poll+release)" "$(val prefetch_cycles_per_s "$TMP/pfipc.txt")" "cycles/s"
+row "PREFETCH ipc262144: cycle, median" "$(val prefetch_cycle_us "$TMP/pfipc.txt")" "us ($(val prefetch_submit_us "$TMP/pfipc.txt")/$(val prefetch_poll_us "$TMP/pfipc.txt")/$(val prefetch_release_us "$TMP/pfipc.txt") submit/poll/release)"
+row "PREFETCH ipc262144: server time per key" "$(val prefetch_ns_per_key "$TMP/pfipc.txt")" "ns/key (answers $(val prefetch_answer_bytes "$TMP/pfipc.txt") B)"
+row "PREFETCH ipc262144: cJSON parse floor" "$(val floor_parse_us "$TMP/pfipc.txt")" "us ($(val prefetch_body_bytes "$TMP/pfipc.txt") B body)"
+row "PREFETCH ipc262144: cycle/floor" "$(val prefetch_cycle_over_floor "$TMP/pfipc.txt")" "x (no target)"
+
+if have redis-server && have redis-cli; then
+    RPORT=$(free_port 4)
+    $SRV redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+        --dir "$TMP" --logfile "$TMP/redis-mget.log" >/dev/null 2>&1 &
+    RPID=$!
+    PIDS="$PIDS $RPID"
+    wait_port "$RPORT" || { echo "redis-server did not start"; RPORT=""; }
+    [ -n "$RPORT" ] && "$L" sgen 1000 | timeout 60 redis-cli -p "$RPORT" --pipe | tail -1
+else
+    RPORT=""
+    echo "redis-server/redis-cli not installed: no MGET reference"
+fi
+say "POST /v1/lookup (1000 keys key form; 1024 keys ipc form 128x1x8) vs Redis MGET of the same 1000 canonical keys, ${LOOKUP_SECS}s rounds, one keep-alive connection each"
+lk=""; li=""; rm=""; i=0
+while [ $i -lt "$REPS" ]; do
+    $CLI timeout 60 "$L" lookup "$KPORT" key1000 "$LOOKUP_SECS" | tee "$TMP/lk.$i.txt"
+    lk=$(max "$lk" "$(val lookup_req_per_s "$TMP/lk.$i.txt")")
+    $CLI timeout 60 "$L" lookup "$KPORT" ipc128.1.8 "$LOOKUP_SECS" | tee "$TMP/li.$i.txt"
+    li=$(max "$li" "$(val lookup_req_per_s "$TMP/li.$i.txt")")
+    if [ -n "$RPORT" ]; then
+        $CLI timeout 60 "$L" mget "$RPORT" 1000 "$LOOKUP_SECS" | tee "$TMP/rm.$i.txt"
+        rm=$(max "$rm" "$(val mget_req_per_s "$TMP/rm.$i.txt")")
+    fi
+    i=$((i + 1))
+done
+"$L" floor key1000 200 >"$TMP/lkfloor.txt"
+"$L" floor ipc128.1.8 200 >"$TMP/lifloor.txt"
+row "LOOKUP key1000: kvidx" "$lk" "req/s (parse floor $(val floor_parse_us "$TMP/lkfloor.txt") us)"
+row "LOOKUP ipc1024 (128x8): kvidx" "$li" "req/s (parse floor $(val floor_parse_us "$TMP/lifloor.txt") us)"
+row "LOOKUP redis MGET 1000" "${rm:-n/a}" "req/s"
+r=$(ratio "$lk" "$rm")
+row "LOOKUP key1000/MGET1000 (target>=1)" "$r" "x $(meets "$r" 1)"
+r=$(ratio "$li" "$rm")
+row "LOOKUP ipc1024/MGET1000 (target>=3)" "$r" "x $(meets "$r" 3)"
+[ -n "$RPORT" ] && stop_pid "$RPID"
+curl -s "http://127.0.0.1:$KPORT/metrics" 2>/dev/null | grep -E '^kvidx_lookup_hit_keys_(count|sum)' | sed 's/^/   /'
+stop_pid "$KPID"
 
 echo
 echo "================================ summary ================================"

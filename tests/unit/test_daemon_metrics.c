@@ -345,3 +345,58 @@ Test(metrics, null_safe)
     free(t);
     metrics_free(m);
 }
+
+/* kvidx_lookup_hit_keys: one observation per answered lookup, buckets by
+ * key count (le inclusive), cumulative, +Inf == _count, integral _sum. */
+Test(metrics, lookup_hit_keys_histogram)
+{
+    struct metrics *m = metrics_new();
+    char *t = render(m);
+    struct parsed p;
+    parse(t, &p);
+    cr_assert_str_eq(fam_find(&p, "kvidx_lookup_hit_keys")->type, "histogram");
+    cr_assert_eq(sample(t, "kvidx_lookup_hit_keys_count"), 0);
+    cr_assert_eq(sample(t, "kvidx_lookup_hit_keys_bucket{le=\"+Inf\"}"), 0);
+    free(t);
+
+    metrics_observe_lookup(m, 0);       /* le="0" */
+    metrics_observe_lookup(m, 1);       /* le="1" */
+    metrics_observe_lookup(m, 3);       /* le="4" */
+    metrics_observe_lookup(m, 1024);    /* le="1024" (inclusive) */
+    metrics_observe_lookup(m, 1025);    /* le="4096" */
+    metrics_observe_lookup(m, 262144);  /* le="262144" */
+    metrics_observe_lookup(m, 1000000); /* +Inf only */
+    metrics_observe_lookup(NULL, 5);    /* ignored */
+    t = render(m);
+    parse(t, &p);
+    static const struct {
+        const char *le;
+        double cum;
+    } want[] = {{"0", 1},    {"1", 2},     {"2", 2},     {"4", 3},      {"8", 3},   {"16", 3},
+                {"32", 3},   {"64", 3},    {"128", 3},   {"256", 3},    {"512", 3}, {"1024", 4},
+                {"4096", 5}, {"16384", 5}, {"65536", 5}, {"262144", 6}, {"+Inf", 7}};
+    char k[128];
+    double last = -1;
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        snprintf(k, sizeof(k), "kvidx_lookup_hit_keys_bucket{le=\"%s\"}", want[i].le);
+        double v = sample(t, k);
+        cr_assert_eq(v, want[i].cum, "%s: %g, want %g", k, v, want[i].cum);
+        cr_assert_geq(v, last, "cumulative");
+        last = v;
+    }
+    cr_assert_eq(sample(t, "kvidx_lookup_hit_keys_count"), 7);
+    cr_assert_eq(sample(t, "kvidx_lookup_hit_keys_bucket{le=\"+Inf\"}"),
+                 sample(t, "kvidx_lookup_hit_keys_count"));
+    cr_assert_eq(sample(t, "kvidx_lookup_hit_keys_sum"),
+                 0 + 1 + 3 + 1024 + 1025 + 262144 + 1000000);
+    /* Exactly 17 bucket lines (16 bounds and +Inf), each once. */
+    int n = 0;
+    for (const char *l = t; *l; l = strchr(l, '\n') + 1)
+        if (strncmp(l, "kvidx_lookup_hit_keys_bucket{", 29) == 0)
+            n++;
+    cr_assert_eq(n, 17);
+    cr_assert(strstr(t, "# HELP kvidx_lookup_hit_keys "));
+    cr_assert(strstr(t, "# TYPE kvidx_lookup_hit_keys histogram\n"));
+    free(t);
+    metrics_free(m);
+}

@@ -402,8 +402,10 @@ Test(lookup, bad_input)
                  400);
     const cJSON *ip = cJSON_GetObjectItem(j, "invalid_params");
     cr_assert_eq(cJSON_GetArraySize(ip), 2);
-    cr_assert_str_eq(str(cJSON_GetArrayItem(ip, 0), "name"), "keys[1]");
+    /* The name says which field of keys[1] is wrong; keys[3] is wrong as a whole. */
+    cr_assert_str_eq(str(cJSON_GetArrayItem(ip, 0), "name"), "keys[1].chunk_hash_hex");
     cr_assert_str_eq(str(cJSON_GetArrayItem(ip, 1), "name"), "keys[3]");
+    cr_assert_str_eq(str(j, "code"), "invalid_key", "SPEC 1.1: bad keys are invalid_key");
     cJSON_Delete(j);
     static const char *bad[] = {
         "{\"keys\":[],\"bogus\":1}",
