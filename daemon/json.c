@@ -15,9 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t json_depth(const char *s, size_t n, size_t limit)
+/* One pass over a JSON text: its nesting depth (stops counting past limit+1)
+ * and an upper bound of its number of values (separators and openers
+ * outside strings, plus one). */
+static void json_scan(const char *s, size_t n, size_t limit, size_t *depth_out, size_t *values)
 {
-    size_t depth = 0, max = 0;
+    size_t depth = 0, max = 0, count = 1;
     int in_str = 0;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
@@ -30,17 +33,28 @@ size_t json_depth(const char *s, size_t n, size_t limit)
         }
         if (c == '"') {
             in_str = 1;
+        } else if (c == ',') {
+            count++;
         } else if (c == '[' || c == '{') {
+            count++;
             if (++depth > max) {
                 max = depth;
                 if (max > limit)
-                    return max;
+                    break;
             }
         } else if ((c == ']' || c == '}') && depth > 0) {
             depth--;
         }
     }
-    return max;
+    *depth_out = max;
+    *values = count;
+}
+
+size_t json_depth(const char *s, size_t n, size_t limit)
+{
+    size_t depth, values;
+    json_scan(s, n, limit, &depth, &values);
+    return depth;
 }
 
 int json_parse_body(const struct request *req, struct response *res, cJSON **out)
@@ -51,9 +65,22 @@ int json_parse_body(const struct request *req, struct response *res, cJSON **out
         res_problem(res, KVIDX_EJSON, "the request needs a JSON body", NULL, 0);
         return KVIDX_EJSON;
     }
-    if (json_depth(req->body, req->body_len, limit) > limit) {
+    size_t depth, values;
+    json_scan(req->body, req->body_len, limit, &depth, &values);
+    if (depth > limit) {
         res_problemf(res, KVIDX_EJSON, "JSON nesting deeper than max_json_depth (%zu)", limit);
         return KVIDX_EJSON;
+    }
+    /* cJSON spends about 64 bytes per value: a body of tiny values (60 MB
+     * of "0,") would cost gigabytes. No request needs more than a few
+     * dozen values per key, so refuse before building the tree. */
+    uint64_t max_keys = req->app ? req->app->cfg.max_keys_per_request : 262144;
+    if ((uint64_t)values > JSON_VALUES_PER_KEY * max_keys + 4096) {
+        res_problemf(res, KVIDX_EBODYSIZE,
+                     "the body holds more JSON values than any request of at most %llu keys "
+                     "needs",
+                     (unsigned long long)max_keys);
+        return KVIDX_EBODYSIZE;
     }
     /* cJSON ends a string at an escaped NUL, so "a\u0000b" would arrive as
      * "a" and pass validation as another key. Every string kvidx reads

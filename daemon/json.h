@@ -18,7 +18,12 @@
  * parsing; strings are skipped correctly. Stops counting past limit+1. */
 size_t json_depth(const char *s, size_t n, size_t limit);
 
-/* Parses req's body as one JSON value, enforcing max_depth. On failure
+/* Values one key may take in a request body: the key object's five members
+ * and their names' worth of slack, a KeyEntry wrapper, a size. */
+#define JSON_VALUES_PER_KEY 16
+
+/* Parses req's body as one JSON value, enforcing max_depth and a bound of
+ * JSON_VALUES_PER_KEY × max_keys_per_request values (413 payload_too_large). On failure
  * fills res with 400 invalid_json and returns KVIDX_EJSON; on success *out
  * is the tree (cJSON_Delete it). An empty body is invalid. */
 int json_parse_body(const struct request *req, struct response *res, cJSON **out);

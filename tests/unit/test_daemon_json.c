@@ -2,6 +2,7 @@
 #include <criterion/criterion.h>
 
 #include "buf.h"
+#include "app.h"
 #include "json.h"
 
 #include "kvidx/err.h"
@@ -146,4 +147,43 @@ Test(json, escaped_nul_in_a_key_string_is_rejected)
     cr_assert_str_eq(why.field, "cache_salt");
     cJSON_Delete(j);
     buf_free(&res.body);
+}
+
+Test(json, bodies_of_tiny_values_are_refused_before_parsing)
+{
+    static struct app app;
+    app.cfg.max_json_depth = 32;
+    app.cfg.max_keys_per_request = 10;
+    size_t limit = JSON_VALUES_PER_KEY * 10 + 4096;
+    struct buf body;
+    buf_init(&body);
+    buf_putc(&body, '[');
+    for (size_t i = 0; i < limit; i++)
+        buf_puts(&body, "0,");
+    buf_puts(&body, "0]");
+    struct request req;
+    struct response res;
+    memset(&req, 0, sizeof(req));
+    memset(&res, 0, sizeof(res));
+    req.app = &app;
+    req.body = body.data;
+    req.body_len = body.len;
+    cJSON *j = NULL;
+    cr_assert_eq(json_parse_body(&req, &res, &j), KVIDX_EBODYSIZE);
+    cr_assert_eq(res.status, 413);
+    cr_assert_null(j);
+    buf_free(&res.body);
+    /* One value fewer than the bound parses; commas inside strings do not count. */
+    buf_reset(&body);
+    buf_puts(&body, "[\",,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,\"");
+    for (size_t i = 0; i + 2 < limit; i++)
+        buf_puts(&body, ",0");
+    buf_putc(&body, ']');
+    req.body = body.data;
+    req.body_len = body.len;
+    memset(&res, 0, sizeof(res));
+    cr_assert_eq(json_parse_body(&req, &res, &j), 0);
+    cJSON_Delete(j);
+    buf_free(&res.body);
+    buf_free(&body);
 }
