@@ -208,7 +208,9 @@ static int keys_put(const struct request *req, struct response *res)
         kvidx_reason_t why;
         const cJSON *k = cJSON_GetObjectItemCaseSensitive(e, "key");
         if (json_to_key(k, &items[i].key, &why) != 0) {
-            param_errors_add(&pe, why.rule, "entries[%zu].key.%s", i, why.field);
+            char at[48];
+            snprintf(at, sizeof(at), "entries[%zu].key", i);
+            param_errors_key(&pe, &why, at);
             key_errors++;
         }
         const cJSON *sz = cJSON_GetObjectItemCaseSensitive(e, "size_bytes");
@@ -307,7 +309,9 @@ static int keys_delete(const struct request *req, struct response *res)
     for (const cJSON *k = list->child; k; k = k->next, i++) {
         kvidx_reason_t why;
         if (json_to_key(k, &keys[i], &why) != 0) {
-            param_errors_add(&pe, why.rule, "keys[%zu].%s", i, why.field);
+            char at[32];
+            snprintf(at, sizeof(at), "keys[%zu]", i);
+            param_errors_key(&pe, &why, at);
             key_errors++;
         }
     }

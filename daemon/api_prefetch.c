@@ -321,10 +321,9 @@ static int kreq_parse(const struct request *req, struct response *res, int kind,
             kvidx_reason_t why = {"key", "invalid"};
             if (json_to_key(k, &kr->keys[i], &why) != 0) {
                 key_errors++;
-                if (strcmp(why.field, "key") == 0)
-                    param_errors_add(&pe, why.rule, "keys[%zu]", i);
-                else
-                    param_errors_add(&pe, why.rule, "keys[%zu].%s", i, why.field);
+                char at[32];
+                snprintf(at, sizeof(at), "keys[%zu]", i);
+                param_errors_key(&pe, &why, at);
             }
         }
         kr->n = n;

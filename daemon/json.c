@@ -251,15 +251,39 @@ void param_errors_add(struct param_errors *pe, const char *reason, const char *f
         pe->name_off = off;
         pe->cap = cap;
     }
-    pe->name_off[pe->n] = pe->names.len;
+    size_t off = pe->names.len;
     va_list ap;
     va_start(ap, fmt);
     buf_vprintf(&pe->names, fmt, ap);
     va_end(ap);
     buf_putc(&pe->names, '\0');
+    if (pe->names.failed) {
+        pe->oom = 1;
+        return;
+    }
+    /* An object with a million unknown members must not make a million
+     * entries: a (name, reason) pair already among the last few is
+     * dropped. Per-index errors have distinct names and all stay. */
+    for (size_t k = pe->n, seen = 0; k-- > 0 && seen < 16; seen++) {
+        if (pe->items[k].reason == reason &&
+            strcmp(pe->names.data + pe->name_off[k], pe->names.data + off) == 0) {
+            pe->names.len = off;
+            pe->names.data[off] = '\0';
+            return;
+        }
+    }
+    pe->name_off[pe->n] = off;
     pe->items[pe->n].name = NULL;
     pe->items[pe->n].reason = reason;
     pe->n++;
+}
+
+void param_errors_key(struct param_errors *pe, const kvidx_reason_t *why, const char *where)
+{
+    if (strcmp(why->field, "key") == 0)
+        param_errors_add(pe, why->rule, "%s", where);
+    else
+        param_errors_add(pe, why->rule, "%s.%s", where, why->field);
 }
 
 int param_errors_respond(struct param_errors *pe, struct response *res, int err, const char *detail)

@@ -55,6 +55,9 @@ void param_errors_init(struct param_errors *pe);
 void param_errors_free(struct param_errors *pe);
 void param_errors_add(struct param_errors *pe, const char *reason, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Adds a key error at `where` ("keys[3]"): the name is where itself when the
+ * whole key is wrong, else where.<field> ("keys[3].kv_rank"). */
+void param_errors_key(struct param_errors *pe, const kvidx_reason_t *why, const char *where);
 /* Answers 400 (err) with every collected param; returns err. */
 int param_errors_respond(struct param_errors *pe, struct response *res, int err,
                          const char *detail);

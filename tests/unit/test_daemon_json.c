@@ -187,3 +187,31 @@ Test(json, bodies_of_tiny_values_are_refused_before_parsing)
     buf_free(&res.body);
     buf_free(&body);
 }
+
+Test(json, param_errors_keep_every_index_but_not_floods)
+{
+    static const char unknown[] = "unknown member";
+    static const char bad[] = "must be an integer";
+    struct param_errors pe;
+    param_errors_init(&pe);
+    for (int i = 0; i < 100000; i++) {
+        param_errors_add(&pe, unknown, "body");
+        param_errors_add(&pe, unknown, "tier");
+    }
+    cr_assert_eq(pe.n, 2, "a flood of one error in one object is one entry each");
+    for (int i = 0; i < 1000; i++)
+        param_errors_add(&pe, bad, "entries[%d].size_bytes", i);
+    cr_assert_eq(pe.n, 1002, "every bad index is listed");
+    struct response res;
+    memset(&res, 0, sizeof(res));
+    cr_assert_eq(param_errors_respond(&pe, &res, KVIDX_EINVAL, "bad"), KVIDX_EINVAL);
+    cJSON *j = cJSON_ParseWithLength(res.body.data, res.body.len);
+    cr_assert_not_null(j);
+    const cJSON *ip = cJSON_GetObjectItem(j, "invalid_params");
+    cr_assert_eq(cJSON_GetArraySize(ip), 1002);
+    cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(ip, 1001), "name")->valuestring,
+                     "entries[999].size_bytes");
+    cJSON_Delete(j);
+    buf_free(&res.body);
+    param_errors_free(&pe);
+}
