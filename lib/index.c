@@ -1991,13 +1991,27 @@ int kvidx_index_list(const kvidx_index_t *idx, const kvidx_list_filter_t *f,
     }
     size_t n_out = 0, seen = 0;
     kvidx_ref_t last_seen = KVIDX_REF_NONE, last_out = KVIDX_REF_NONE;
+    const ns_t *last_skipped = NULL; /* set when a skipped namespace was examined last */
     int stop = 0, full_and_more = 0;
     for (; s < idx->n_ns && !stop; s++) {
         const ns_t *ns = idx->ns_sorted[s];
         if (f->has_salt && ns_salt_is(ns, f) != 0)
             break; /* past the salt's range */
-        if (f->has_model && bytes_cmp(ns->model->s, ns->model->len, f->model, f->model_len) != 0)
+        if (f->has_model && bytes_cmp(ns->model->s, ns->model->len, f->model, f->model_len) != 0) {
+            /* A model filter without a salt passes over every other
+             * namespace; each one counts against the budget so that a
+             * page stays bounded however many salts there are. */
+            if (after &&
+                ns_cmp(ns, after->salt, after->salt_len, after->model, after->model_len) == 0)
+                continue; /* the namespace the page resumes in: examined before */
+            if (seen == max_scan) {
+                stop = 1;
+                break;
+            }
+            seen++;
+            last_skipped = ns;
             continue;
+        }
         cursor_t c;
         tkey_t lo = {0, 0, 0, NULL};
         int strict = 0;
@@ -2026,6 +2040,7 @@ int kvidx_index_list(const kvidx_index_t *idx, const kvidx_list_filter_t *f,
             const uint8_t *r = rec_at(idx, ref);
             seen++;
             last_seen = ref;
+            last_skipped = NULL;
             if (++c.pos == c.leaf->n) {
                 c.leaf = c.leaf->next;
                 c.pos = 0;
@@ -2047,7 +2062,12 @@ int kvidx_index_list(const kvidx_index_t *idx, const kvidx_list_filter_t *f,
                 tree_seek(idx, ns, &t, 0, &c);
                 continue;
             }
-            if ((tier == KVIDX_TIER_L1 && !rec_l1(r)) || (tier == KVIDX_TIER_L2 && !rec_l2(r)))
+            /* A loading copy is reserved, not readable (SPEC §2): it does
+             * not make a key listable as an L1 key. */
+            uint32_t l1m = rec_l1(r);
+            int l1_ready = l1m && idx->l1[l1m].state == KVIDX_L1_READY;
+            if ((tier == KVIDX_TIER_L1 && !l1_ready) || (tier == KVIDX_TIER_L2 && !rec_l2(r)) ||
+                (tier == KVIDX_TIER_ALL && !l1_ready && !rec_l2(r)))
                 continue;
             if (n_out == page_size) {
                 full_and_more = 1;
@@ -2061,7 +2081,24 @@ int kvidx_index_list(const kvidx_index_t *idx, const kvidx_list_filter_t *f,
     *count = n_out;
     if (examined)
         *examined = seen;
-    if (stop) {
+    if (stop && !full_and_more && last_skipped) {
+        /* The budget ran out among skipped namespaces: resume after the
+         * largest key the last one could hold (it holds no match). */
+        kvidx_key_t k;
+        memset(&k, 0, sizeof(k));
+        k.salt = last_skipped->salt->s;
+        k.salt_len = (uint8_t)last_skipped->salt->len;
+        k.model = last_skipped->model->s;
+        k.model_len = (uint16_t)last_skipped->model->len;
+        k.kv_rank = UINT32_MAX;
+        k.group = UINT16_MAX;
+        k.hash_len = KVIDX_HASH_MAX;
+        memset(k.hash, 0xff, sizeof(k.hash));
+        kvidx_key_buf_set(resume, &k);
+        *more = 1;
+    } else if (stop) {
+        /* max_scan >= 1, so a key or a namespace was examined before the
+         * budget ran out: last_seen is set when last_skipped is not. */
         kvidx_key_t k;
         make_key(idx, rec_at(idx, full_and_more ? last_out : last_seen), &k);
         kvidx_key_buf_set(resume, &k);

@@ -11,6 +11,7 @@
 #include "kvidx/index.h"
 
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 static uint64_t rng_state;
@@ -122,10 +123,13 @@ static int matches(kvidx_index_t *idx, const kvidx_key_t *k, const kvidx_list_fi
     if (kvidx_index_find(idx, k, &r))
         return 0;
     kvidx_index_info(idx, r, &info);
-    if (f->tier == KVIDX_TIER_L1 && info.l1_state == KVIDX_L1_NONE)
+    int ready = info.l1_state == KVIDX_L1_READY;
+    if (f->tier == KVIDX_TIER_L1 && !ready)
         return 0;
     if (f->tier == KVIDX_TIER_L2 && !info.l2)
         return 0;
+    if (!ready && !info.l2)
+        return 0; /* only a loading copy: nothing readable to list */
     return 1;
 }
 
@@ -391,4 +395,74 @@ Test(index_list, guarantee_under_mutation)
         free(other.k);
         kvidx_index_free(idx);
     }
+}
+
+/* A model filter without a salt passes over every other namespace; those
+ * count against max_scan, so a page stays bounded with many salts. */
+Test(index_list, model_filter_over_many_salts_is_bounded)
+{
+    kvidx_index_t *idx = new_index(0);
+    static char salts_buf[3000][8];
+    for (int i = 0; i < 3000; i++) {
+        snprintf(salts_buf[i], sizeof(salts_buf[i]), "s%04d", i);
+        kvidx_key_t k;
+        memset(&k, 0, sizeof(k));
+        k.salt = salts_buf[i];
+        k.salt_len = 5;
+        k.model = i == 2999 ? "b" : "a";
+        k.model_len = 1;
+        k.hash_len = 1;
+        k.hash[0] = 7;
+        put1(idx, &k, KVIDX_TIER_L2);
+    }
+    kvidx_list_filter_t f;
+    memset(&f, 0, sizeof(f));
+    f.has_model = 1;
+    f.model = "b";
+    f.model_len = 1;
+    kvidx_key_buf_t resume;
+    kvidx_ref_t refs[8];
+    size_t n = 0, examined = 0, pages = 0, found = 0;
+    int more = 1, have_after = 0;
+    while (more) {
+        cr_assert_eq(kvidx_index_list(idx, &f, have_after ? &resume.key : NULL, 8, 100, refs, &n,
+                                      &resume, &more, &examined),
+                     0);
+        cr_assert_leq(examined, 100);
+        found += n;
+        have_after = more;
+        cr_assert_lt(++pages, 100, "the listing must progress");
+    }
+    cr_assert_eq(found, 1);
+    cr_assert_geq(pages, 30, "3000 namespaces at 100 per page need at least 30 pages");
+    kvidx_index_free(idx);
+}
+
+/* A loading L1 copy is not readable: tier=l1 does not list it. */
+Test(index_list, loading_copies_are_not_listed_as_l1)
+{
+    kvidx_index_t *idx = new_index(0);
+    kvidx_key_t k;
+    memset(&k, 0, sizeof(k));
+    k.model = "m";
+    k.model_len = 1;
+    k.hash_len = 1;
+    put1(idx, &k, KVIDX_TIER_L2);
+    kvidx_ref_t ref;
+    uint64_t gen = 0;
+    cr_assert_eq(kvidx_index_find(idx, &k, &ref), 0);
+    cr_assert_eq(kvidx_index_l1_reserve(idx, ref, 1, &gen), 0);
+    kvidx_list_filter_t f;
+    memset(&f, 0, sizeof(f));
+    f.tier = KVIDX_TIER_L1;
+    kvidx_key_buf_t resume;
+    kvidx_ref_t refs[4];
+    size_t n = 9;
+    int more = 1;
+    cr_assert_eq(kvidx_index_list(idx, &f, NULL, 4, 100, refs, &n, &resume, &more, NULL), 0);
+    cr_assert_eq(n, 0, "a loading copy is not an L1 key yet");
+    cr_assert_eq(kvidx_index_l1_load_done(idx, ref, gen, 1), 0);
+    cr_assert_eq(kvidx_index_list(idx, &f, NULL, 4, 100, refs, &n, &resume, &more, NULL), 0);
+    cr_assert_eq(n, 1, "once loaded it is");
+    kvidx_index_free(idx);
 }
