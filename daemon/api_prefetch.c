@@ -471,6 +471,18 @@ out:
     return rc;
 }
 
+/* lease_ms: a positive integer; SPEC §3.4 bounds it by max_lease_ms, so a
+ * longer lease is cut to the maximum (the answer's expires_at_ms shows it),
+ * the way page_size is cut to 5000. */
+static int lease_parse(const cJSON *v, uint64_t max_ms, uint64_t *out)
+{
+    uint64_t ms = 0;
+    if (json_uint(v, 1, 9007199254740992.0, &ms) != 0)
+        return KVIDX_EINVAL;
+    *out = ms < max_ms ? ms : max_ms;
+    return 0;
+}
+
 /* ---------------------------------------------------------------------- */
 /* POST /v1/lookup */
 
@@ -1141,8 +1153,8 @@ static int api_prefetch_create(const struct request *req, struct response *res)
     if (kr.ext_id && !cJSON_IsNull(kr.ext_id) &&
         (!cJSON_IsString(kr.ext_id) || strlen(kr.ext_id->valuestring) > EXT_ID_MAX))
         param_errors_add(&pe, "must be a string of at most 256 bytes", "external_request_id");
-    if (kr.lease && json_uint(kr.lease, 1, (double)app->cfg.max_lease_ms, &lease) != 0)
-        param_errors_add(&pe, "must be an integer 1..max_lease_ms", "lease_ms");
+    if (kr.lease && lease_parse(kr.lease, app->cfg.max_lease_ms, &lease) != 0)
+        param_errors_add(&pe, "must be a positive integer (capped at max_lease_ms)", "lease_ms");
     if (pe.n) {
         param_errors_respond(&pe, res, KVIDX_EINVAL, "the request is not valid");
         param_errors_free(&pe);
@@ -1202,6 +1214,11 @@ static int api_prefetch_create(const struct request *req, struct response *res)
      * so that what it reports resident stays resident (a temporary
      * unpinned copy is left alone: its last unpin would drop it). */
     uint8_t *guard = NULL;
+    /* WARM promotes: a hit that is a temporary copy (loaded for some
+     * LOOKUP reader) becomes permanent, or the reader's last unpin would
+     * drop what WARM reported resident. */
+    for (size_t j = 0; h->pfh.mode == KVIDX_PF_WARM && j < plan->n_l1_hits; j++)
+        kvidx_index_set_temporary(idx, h->pfh.keys[plan->l1_hits[j]].ref, 0);
     if (h->pfh.mode == KVIDX_PF_WARM && plan->n_l1_hits && plan->n_l2_orig)
         guard = calloc(plan->n_l1_hits, 1);
     for (size_t j = 0; guard && j < plan->n_l1_hits; j++) {
@@ -1420,9 +1437,10 @@ static int api_prefetch_extend(const struct request *req, struct response *res)
             bad = 1;
     }
     uint64_t ms = 0;
-    if (bad || !lease || json_uint(lease, 1, (double)req->app->cfg.max_lease_ms, &ms) != 0) {
+    if (bad || !lease || lease_parse(lease, req->app->cfg.max_lease_ms, &ms) != 0) {
         cJSON_Delete(body);
-        struct invalid_param p = {"lease_ms", "required, an integer 1..max_lease_ms"};
+        struct invalid_param p = {"lease_ms",
+                                  "required, a positive integer (capped at max_lease_ms)"};
         return res_problem(res, KVIDX_EINVAL, "the request is not valid", &p, 1);
     }
     cJSON_Delete(body);

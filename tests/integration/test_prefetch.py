@@ -160,8 +160,17 @@ class CatalogLoader(Base):
             self.assertEqual(info["l1"]["pins"], 0)
             self.assertFalse(info["l1"]["temporary"])
 
+    def test_lease_is_capped_at_max_lease_ms(self):
+        # SPEC 3.4: lease_ms is bounded by max_lease_ms (default 600000).
+        example(self.d)
+        before = time.time() * 1000
+        h = self.prefetch(lease_ms=10 ** 9)
+        after = time.time() * 1000
+        self.assertLessEqual(h["expires_at_ms"], after + 600000 + 5)
+        self.assertGreaterEqual(h["expires_at_ms"], before + 600000 - 1000)
+
     def test_bad_requests(self):
-        for body in ({"keys": SIX, "lease_ms": 600001}, {"keys": SIX, "extra_count": 128},
+        for body in ({"keys": SIX, "lease_ms": 0}, {"keys": SIX, "extra_count": 128},
                      {"keys": SIX, "mode": "NOPE"}, {"keys": [{"chunk_hash": "00"}]},
                      {"keys": SIX, "unknown": 1}):
             r = self.d.request("POST", "/v1/prefetches", body)

@@ -688,7 +688,15 @@ Test(prefetch_cfg, extend_moves_the_expiry)
     char path[64];
     snprintf(path, sizeof(path), "/v1/prefetches/%d/extend", id);
     cr_assert_eq(req("POST", path, "{\"lease_ms\":0}", NULL), 400);
-    cr_assert_eq(req("POST", path, "{\"lease_ms\":99999999}", NULL), 400);
+    cr_assert_eq(req("POST", path, "{\"lease_ms\":1.5}", NULL), 400);
+    /* A longer lease than max_lease_ms is cut to it (SPEC 3.4: bounded). */
+    cJSON *j = NULL;
+    uint64_t before = app_wall_ms();
+    cr_assert_eq(req("POST", path, "{\"lease_ms\":99999999}", &j), 200);
+    double until = cJSON_GetObjectItem(j, "expires_at_ms")->valuedouble;
+    cr_assert_leq(until, (double)(app_wall_ms() + app.cfg.max_lease_ms), "lease not capped");
+    cr_assert_geq(until, (double)(before + app.cfg.max_lease_ms) - 1000.0);
+    cJSON_Delete(j);
     cr_assert_eq(req("POST", path, "{\"lease_ms\":200}", NULL), 200);
     sleep_loop(60);
     cJSON_Delete(get_handle(id, 200));
@@ -699,7 +707,7 @@ Test(prefetch, bad_options)
 {
     static const char *bad[] = {
         "\"mode\":\"lookup\"",       "\"trim_policy\":\"X\"", "\"extra_count\":128",
-        "\"extra_count\":-1",        "\"lease_ms\":0",        "\"lease_ms\":600001",
+        "\"extra_count\":-1",        "\"lease_ms\":0",        "\"lease_ms\":-5",
         "\"external_request_id\":5", "\"tier\":\"l1\"",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -740,6 +748,30 @@ Test(prefetch, warm)
         cr_assert_eq(in.pins, 0);
         cr_assert_eq(in.temporary, 0);
     }
+}
+
+/* A key a LOOKUP loaded (temporary, pinned) and WARM then reports found
+ * must stay resident when the LOOKUP reader lets go. */
+Test(prefetch, warm_promotes_temporary_hits)
+{
+    example();
+    int lookup = prefetch("", NULL);
+    run_loop();
+    cr_assert_eq(info_of(2).temporary, 1, "loaded by LOOKUP: temporary");
+    cJSON *j;
+    int warm = prefetch("\"mode\":\"WARM\"", &j);
+    cJSON_Delete(j);
+    run_loop();
+    j = get_handle(warm, 200);
+    assert_ints(j, "found_indices", "[0,1,2,3,4]");
+    cJSON_Delete(j);
+    char path[64];
+    snprintf(path, sizeof(path), "/v1/prefetches/%d", lookup);
+    cr_assert_eq(req("DELETE", path, NULL, NULL), 204);
+    kvidx_entry_info_t in = info_of(2);
+    cr_assert_eq(in.l1_state, KVIDX_L1_READY, "WARM reported key 2 resident; it must stay");
+    cr_assert_eq(in.temporary, 0);
+    cr_assert_eq(in.pins, 0);
 }
 
 Test(prefetch_cfg, long_poll_completes_early)
