@@ -73,7 +73,7 @@ echo "kvidx bench: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "machine: nproc=$NPROC cpu=\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\" kernel=$(uname -r)"
 echo "pinning: $([ "$PIN" = 1 ] && echo 'servers on CPU 0, clients (wrk, bench_http) on CPU 1' || echo none)"
 
-for p in kvidxd bench_index bench_fold bench_json bench_http bench_lookup; do
+for p in kvidxd bench_index bench_fold bench_json bench_http bench_lookup bench_persist; do
     [ -x "$B/$p" ] || { echo "missing $B/$p: build with -DKVIDX_BENCH=ON first" >&2; exit 1; }
 done
 
@@ -96,6 +96,10 @@ timeout 120 "$B/bench_json" 200 | tee "$TMP/json.txt" || echo "bench_json failed
 row "json: cJSON per entry" "$(val json_cjson_per_entry "$TMP/json.txt")" "us"
 row "json: jw per entry" "$(val json_jw_per_entry "$TMP/json.txt")" "us"
 row "json: jw speedup (cJSON/jw)" "$(val json_cjson_over_jw "$TMP/json.txt")" "x"
+
+say "bench_persist $INDEX_KEYS (snapshot restore, journal append per fsync policy vs plain write)"
+timeout 300 "$B/bench_persist" "$INDEX_KEYS" | tee "$TMP/persist.txt" || echo "bench_persist failed or timed out"
+awk 'NF >= 2 && $2 ~ /^[0-9.]+$/ { printf "%-44s %16s  %s\n", "persist: " $1, $2, $3 }' "$TMP/persist.txt" >>"$SUMMARY"
 
 # ---------------------------------------------------------------- 2. GET vs nginx
 start_kvidxd() { # -> KPORT, KPID
