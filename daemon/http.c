@@ -10,7 +10,7 @@
 #include "http.h"
 
 #include "kvidx/err.h"
-#include "kvidx/key.h"
+#include "kvidx/list_query.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -111,32 +111,7 @@ void res_defer(struct response *res, void *waiter, res_cancel_cb cancel)
 
 int pct_decode(const char *s, size_t n, char *out, size_t cap, size_t *out_len, int plus_is_space)
 {
-    size_t o = 0;
-    if (cap == 0)
-        return KVIDX_EINVAL;
-    for (size_t i = 0; i < n; i++) {
-        int c = (unsigned char)s[i];
-        if (c == '%') {
-            int hi, lo;
-            if (i + 2 >= n)
-                return KVIDX_EINVAL;
-            hi = kvidx_hex_value((unsigned char)s[i + 1]);
-            lo = kvidx_hex_value((unsigned char)s[i + 2]);
-            if (hi < 0 || lo < 0)
-                return KVIDX_EINVAL;
-            c = hi * 16 + lo;
-            i += 2;
-        } else if (c == '+' && plus_is_space) {
-            c = ' ';
-        }
-        if (o + 1 >= cap)
-            return KVIDX_EINVAL;
-        out[o++] = (char)c;
-    }
-    out[o] = '\0';
-    if (out_len)
-        *out_len = o;
-    return 0;
+    return kvidx_pct_decode(s, n, out, cap, out_len, plus_is_space) == 0 ? 0 : KVIDX_EINVAL;
 }
 
 int query_get(const char *query, const char *name, char *out, size_t cap, size_t *out_len)

@@ -33,10 +33,10 @@ static int fail(kvidx_reason_t *why, const char *field, const char *rule, int er
     return err;
 }
 
-/* Reads one decoded byte of s[*i..n): a `%XX` escape, `+` as a space, or the
- * byte itself. Returns 0..255, or -1 for a `%` not followed by two hex
- * digits. */
-static int next_byte(const char *s, size_t n, size_t *i)
+/* Reads one decoded byte of s[*i..n): a `%XX` escape, `+` as a space (when
+ * plus_is_space), or the byte itself. Returns 0..255, or -1 for a `%` not
+ * followed by two hex digits. */
+static int next_byte_mode(const char *s, size_t n, size_t *i, int plus_is_space)
 {
     unsigned char c = (unsigned char)s[*i];
     if (c == '%') {
@@ -50,30 +50,41 @@ static int next_byte(const char *s, size_t n, size_t *i)
         return hi << 4 | lo;
     }
     (*i)++;
-    return c == '+' ? ' ' : c;
+    return c == '+' && plus_is_space ? ' ' : c;
 }
 
-/* Decodes s[0..n) into buf (cap bytes, NUL-terminated on success).
- * Returns 0, -1 for a bad escape, -2 when the value is longer than cap - 1
- * (bad escapes anywhere in the value take precedence). */
-static int decode(const char *s, size_t n, char *buf, size_t cap, size_t *len)
+static int next_byte(const char *s, size_t n, size_t *i)
+{
+    return next_byte_mode(s, n, i, 1);
+}
+
+int kvidx_pct_decode(const char *s, size_t n, char *buf, size_t cap, size_t *len, int plus_is_space)
 {
     size_t i = 0, k = 0;
-    int too_long = 0;
+    int too_long = cap == 0;
     while (i < n) {
-        int c = next_byte(s, n, &i);
+        int c = next_byte_mode(s, n, &i, plus_is_space);
         if (c < 0)
-            return -1;
+            return KVIDX_EINVAL;
         if (k + 1 < cap)
             buf[k++] = (char)c;
         else
             too_long = 1;
     }
     if (too_long)
-        return -2;
+        return KVIDX_ENOBUFS;
     buf[k] = '\0';
-    *len = k;
+    if (len)
+        *len = k;
     return 0;
+}
+
+/* The form decoding of the listing query: 0, -1 for a bad escape, -2 when
+ * the value is longer than cap - 1. */
+static int decode(const char *s, size_t n, char *buf, size_t cap, size_t *len)
+{
+    int rc = kvidx_pct_decode(s, n, buf, cap, len, 1);
+    return rc == 0 ? 0 : rc == KVIDX_EINVAL ? -1 : -2;
 }
 
 /* Parses a decimal (or, when allow_hex, `0x`-prefixed hex) unsigned integer

@@ -406,3 +406,23 @@ Test(list_query, encode_round_trip)
         cr_assert(kvidx_list_query_equal(&a, &b), "%s -> %s", qs[i], buf);
     }
 }
+
+/* The one percent-decoder of the project (paths and query strings). */
+Test(pct_decode, modes_and_errors)
+{
+    char b[8];
+    size_t n = 0;
+    cr_assert_eq(kvidx_pct_decode("a+b%2Fc", 7, b, sizeof(b), &n, 1), 0);
+    cr_assert_str_eq(b, "a b/c");
+    cr_assert_eq(n, 5);
+    cr_assert_eq(kvidx_pct_decode("a+b%2fc", 7, b, sizeof(b), &n, 0), 0);
+    cr_assert_str_eq(b, "a+b/c", "paths keep '+'");
+    cr_assert_eq(kvidx_pct_decode("%00", 3, b, sizeof(b), &n, 0), 0);
+    cr_assert_eq(n, 1, "an encoded NUL decodes (callers decide)");
+    cr_assert_eq(kvidx_pct_decode("%2", 2, b, sizeof(b), &n, 0), KVIDX_EINVAL);
+    cr_assert_eq(kvidx_pct_decode("%zz", 3, b, sizeof(b), &n, 0), KVIDX_EINVAL);
+    cr_assert_eq(kvidx_pct_decode("12345678", 8, b, sizeof(b), &n, 0), KVIDX_ENOBUFS);
+    cr_assert_eq(kvidx_pct_decode("1234567", 7, b, sizeof(b), &n, 0), 0, "exactly fits");
+    cr_assert_eq(kvidx_pct_decode("123456789%g", 11, b, sizeof(b), &n, 0), KVIDX_EINVAL,
+                 "a bad escape takes precedence over the size");
+}

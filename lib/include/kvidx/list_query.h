@@ -71,6 +71,14 @@ typedef struct kvidx_query_span {
  * On error, *why (if not NULL) names the parameter in `field` ("query" for
  * an unknown name) and the rule broken; *where (if not NULL) locates the
  * parameter name in qs. *out is then unspecified. */
+/* Percent-decodes s[0..n) into buf (cap bytes, NUL-terminated on success);
+ * '+' becomes a space when plus_is_space (form encoding, query strings) and
+ * stays '+' otherwise (paths). Returns 0 with *len (may be NULL), KVIDX_EINVAL
+ * for a '%' not followed by two hex digits, KVIDX_ENOBUFS when the result
+ * does not fit (a bad escape anywhere takes precedence). */
+int kvidx_pct_decode(const char *s, size_t n, char *buf, size_t cap, size_t *len,
+                     int plus_is_space);
+
 int kvidx_list_query_parse(const char *qs, size_t n, kvidx_list_query_t *out, kvidx_reason_t *why,
                            kvidx_query_span_t *where);
 
