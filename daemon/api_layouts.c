@@ -16,6 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Bounds of one layout. A real model registers a handful of shapes; the
+ * bounds keep the normalized JSON well inside one journal record. */
+#define LAYOUT_SHAPES_MAX 1024
+#define LAYOUT_JSON_MAX   (64 * 1024)
+
 struct layout {
     char model[KVIDX_MODEL_MAX + 1];
     size_t model_len;
@@ -113,6 +118,8 @@ static int layout_parse(const cJSON *body, struct param_errors *pe, struct layou
         param_errors_add(pe, "must be a non-empty array of dtype names", "dtypes");
     if (ns >= 1 && nd >= 1 && ns != nd)
         param_errors_add(pe, "shapes and dtypes must have the same length", "dtypes");
+    if (ns > LAYOUT_SHAPES_MAX)
+        param_errors_add(pe, "at most 1024 shapes", "shapes");
     if (pe->n)
         return KVIDX_EINVAL;
 
@@ -274,6 +281,11 @@ static int layouts_put(const struct request *req, struct response *res)
     if (json.failed) {
         buf_free(&json);
         return res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
+    }
+    if (json.len > LAYOUT_JSON_MAX) {
+        buf_free(&json);
+        struct invalid_param p = {"shapes", "the layout is larger than 64 KiB as JSON"};
+        return res_problem(res, KVIDX_EINVAL, "the layout is too large", &p, 1);
     }
     const struct layout *prev = layouts_find(l, x.model, x.model_len, x.world_size);
     persist_layout_before(req->app, x.model, x.model_len, x.world_size, prev ? prev->json : NULL);

@@ -272,6 +272,8 @@ int main(int argc, char **argv)
         snprintf(d->app.config_path, sizeof(d->app.config_path), "%s", d->opts.config_path);
     log_setup(d->app.cfg.log_level, d->app.cfg.log_format);
     signal(SIGPIPE, SIG_IGN);
+    /* A file-size limit must fail the write (EFBIG → 503), not kill us. */
+    signal(SIGXFSZ, SIG_IGN);
 
     if (uv_loop_init(&d->loop) != 0) {
         log_error("cannot initialize the event loop");

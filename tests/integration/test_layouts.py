@@ -155,6 +155,19 @@ class LayoutTest(unittest.TestCase):
                          "dtypes": ["uint8"]})
         self.assertEqual(j["size_bytes"], 1 << 40)
 
+    def test_too_many_shapes_or_too_much_json(self):
+        # A layout must fit one journal record: bounded shapes and JSON.
+        r = self.put({"model_name": "many", "shapes": [[1]] * 1025, "dtypes": ["uint8"] * 1025})
+        self.problem(r, 400, "invalid_argument")
+        r = self.put({"model_name": "wide", "shapes": [[1] * 64] * 1000,
+                      "dtypes": ["uint8"] * 1000})
+        self.problem(r, 400, "invalid_argument")
+        self.assertEqual(self.find("many", 1), [])
+        self.assertEqual(self.find("wide", 1), [])
+        j = self.put_ok({"model_name": "ok1024", "shapes": [[2]] * 1024,
+                         "dtypes": ["uint8"] * 1024})
+        self.assertEqual(j["size_bytes"], 2048)
+
     def test_wrong_content_type(self):
         r = self.d.request("PUT", "/v1/layouts",
                            '{"model_name":"ct","shapes":[[1]],"dtypes":["uint8"]}',
