@@ -1364,6 +1364,7 @@ typedef struct undo {
     kvidx_ref_t ref;
     uint64_t old_size;
     uint8_t created, old_l2, l1_created;
+    uint8_t untemped; /* an existing temporary L1 copy was made permanent */
 } undo_t;
 
 static int put_item_cmp(const kvidx_put_t *items, uint32_t a, uint32_t b)
@@ -1429,6 +1430,8 @@ static void put_rollback(kvidx_index_t *idx, undo_t *u, size_t nu, const counter
             l1_drop(idx, e->ref);
         uint8_t *r = rec_at(idx, e->ref);
         uint32_t m = rec_l1(r);
+        if (e->untemped && m)
+            idx->l1[m].temporary = 1;
         if (m && idx->l1[m].in_lru)
             idx->c.lru_bytes = idx->c.lru_bytes - rec_size(r) + e->old_size;
         rec_set_size(r, e->old_size);
@@ -1581,6 +1584,7 @@ int kvidx_index_put_batch(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put
             u->old_size = rec_size(r);
             u->old_l2 = (uint8_t)rec_l2(r);
             u->l1_created = 0;
+            u->untemped = 0;
             nu++;
             uint32_t m = rec_l1(r);
             if (m) {
@@ -1598,6 +1602,11 @@ int kvidx_index_put_batch(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put
             } else if (tier == KVIDX_TIER_L1 && !m) {
                 l1_create(idx, ref, KVIDX_L1_READY, 0);
                 u->l1_created = 1;
+            } else if (tier == KVIDX_TIER_L1 && idx->l1[m].temporary) {
+                /* A store into L1 makes the copy the caller's: it is no
+                 * longer dropped at its last unpin (and becomes durable). */
+                idx->l1[m].temporary = 0;
+                u->untemped = 1;
             }
             continue;
         }
@@ -1636,6 +1645,7 @@ int kvidx_index_put_batch(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put
         work[order[j]].ref = ref;
         u->ref = ref;
         u->created = 1;
+        u->untemped = 0;
         nu++;
     }
 
@@ -1655,13 +1665,14 @@ int kvidx_index_put_batch(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put
     }
     if (idx->on_change) {
         /* undo[j] holds item order[j]'s state before the batch; a re-put
-         * never changes an existing L1 copy's state or flag. */
+         * never changes an existing L1 copy's state, and its temporary
+         * flag only from set to clear (untemped). */
         for (size_t j = 0; j < neff; j++) {
             const undo_t *u = &undo[j];
             kvidx_durable_t before = {0, 0};
             if (!u->created) {
                 before = durable_of(idx, u->ref);
-                before.tiers &= u->l1_created ? 0u : KVIDX_DURABLE_L1;
+                before.tiers &= u->l1_created || u->untemped ? 0u : KVIDX_DURABLE_L1;
                 before.tiers |= u->old_l2 ? KVIDX_DURABLE_L2 : 0u;
                 before.size_bytes = before.tiers ? u->old_size : 0;
             }

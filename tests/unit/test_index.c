@@ -169,6 +169,8 @@ static int m_put(int tier, const int *ui, const uint64_t *sz, size_t n, size_t *
             k->l2 = 1;
         else if (!k->l1)
             k->l1 = 2;
+        else
+            k->temp = 0; /* a store into L1 makes a temporary copy permanent */
     }
     uint64_t a1 = m_l1_bytes(), a2 = m_l2_bytes();
     if (M.l2cap && a2 > b2 && a2 > M.l2cap) {
@@ -618,6 +620,26 @@ Test(index, temporary_copy_dropped_on_last_unpin)
     cr_assert_eq(kvidx_index_unpin(idx, r, gen, 1), 0);
     cr_assert(!has(idx, &a.key, KVIDX_TIER_L1));
     cr_assert(has(idx, &a.key, KVIDX_TIER_L2));
+    kvidx_index_free(idx);
+}
+
+Test(index, l1_store_makes_a_temporary_copy_permanent)
+{
+    kvidx_index_t *idx = new_index(1000, 0);
+    kvidx_put_t a = {mk("m", "", 0, 0, 1), 100};
+    cr_assert_eq(kvidx_index_put_batch(idx, KVIDX_TIER_L2, &a, 1, NULL), 0);
+    kvidx_ref_t r;
+    uint64_t gen;
+    cr_assert_eq(kvidx_index_find(idx, &a.key, &r), 0);
+    cr_assert_eq(kvidx_index_l1_reserve(idx, r, 1, &gen), 0);
+    cr_assert_eq(kvidx_index_pin(idx, r, gen, 1), 0);
+    cr_assert_eq(kvidx_index_l1_load_done(idx, r, gen, 1), 0);
+    cr_assert_eq(kvidx_index_put_batch(idx, KVIDX_TIER_L1, &a, 1, NULL), 0);
+    kvidx_entry_info_t info;
+    cr_assert_eq(kvidx_index_info(idx, r, &info), 0);
+    cr_assert_eq(info.temporary, 0, "stored into L1: the caller's copy now");
+    cr_assert_eq(kvidx_index_unpin(idx, r, gen, 1), 0);
+    cr_assert(has(idx, &a.key, KVIDX_TIER_L1), "the last unpin must not drop it");
     kvidx_index_free(idx);
 }
 

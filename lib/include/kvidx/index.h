@@ -201,7 +201,8 @@ uint64_t kvidx_index_key_hash64(const kvidx_index_t *idx, const kvidx_key_t *key
  * A new key is created with that tier; an existing key gains the tier and
  * takes the new size (the size is per key, so an L2 re-put also resizes the
  * L1 copy). A new L1 copy is ready, unpinned, not temporary; a re-put to L1
- * of a ready unpinned copy touches it. Keys of the batch enter the LRU in
+ * of a ready unpinned copy touches it, and a re-put to L1 of a temporary
+ * copy makes it permanent (it is the caller's now). Keys of the batch enter the LRU in
  * reverse: items[n-1] becomes the least recent, items[0] the most recent.
  * A key given twice counts once, at its last position, with its last size.
  * Room in L1 is made by evicting unpinned ready copies of other keys in LRU
