@@ -28,6 +28,7 @@
 
 #include "app.h"
 #include "json.h"
+#include "keyscan.h"
 #include "keystore.h"
 #include "metrics.h"
 
@@ -241,8 +242,16 @@ static const char *const ipc_members[] = {"model_name", "world_size",   "worker_
 static int kreq_parse(const struct request *req, struct response *res, int kind, struct kreq *kr)
 {
     memset(kr, 0, sizeof(*kr));
-    if (json_parse_body(req, res, &kr->body) != 0)
+    /* Key-form bodies skip the cJSON tree of their keys (keyscan.h); any
+     * other body, or anything unusual, takes the cJSON path. */
+    struct keyscan ks;
+    int fast = keyscan_body(req, &ks) == 0;
+    if (fast) {
+        kr->body = ks.rest;
+        kr->keys = ks.keys;
+    } else if (json_parse_body(req, res, &kr->body) != 0) {
         return 1;
+    }
     const cJSON *body = kr->body;
     const cJSON *keys = NULL, *ipcv[7] = {NULL};
     struct param_errors pe;
@@ -305,10 +314,15 @@ static int kreq_parse(const struct request *req, struct response *res, int kind,
             param_errors_add(&pe, "must be an array of keys", "keys");
             goto bad;
         }
-        size_t n = (size_t)cJSON_GetArraySize(keys);
+        size_t n = fast ? ks.n : (size_t)cJSON_GetArraySize(keys);
         if (n > max) {
             res_problemf(res, KVIDX_ETOOMANYKEYS,
                          "%zu keys, more than max_keys_per_request (%" PRIu64 ")", n, max);
+            goto out;
+        }
+        if (fast) { /* already decoded and valid */
+            kr->n = n;
+            rc = 0;
             goto out;
         }
         kr->keys = malloc((n ? n : 1) * sizeof(*kr->keys));

@@ -57,29 +57,37 @@ size_t json_depth(const char *s, size_t n, size_t limit)
     return depth;
 }
 
-int json_parse_body(const struct request *req, struct response *res, cJSON **out)
+/* Answers the problem only when there is a response to answer in. */
+#define PROBLEM(res, ...)                                                                          \
+    do {                                                                                           \
+        if (res)                                                                                   \
+            res_problemf(res, __VA_ARGS__);                                                        \
+    } while (0)
+
+int json_parse_text(const char *body, size_t body_len, const struct app *app, size_t extra_values,
+                    struct response *res, cJSON **out)
 {
-    size_t limit = req->app ? (size_t)req->app->cfg.max_json_depth : 32;
+    size_t limit = app ? (size_t)app->cfg.max_json_depth : 32;
     *out = NULL;
-    if (req->body_len == 0) {
-        res_problem(res, KVIDX_EJSON, "the request needs a JSON body", NULL, 0);
+    if (body_len == 0) {
+        PROBLEM(res, KVIDX_EJSON, "the request needs a JSON body");
         return KVIDX_EJSON;
     }
     size_t depth, values;
-    json_scan(req->body, req->body_len, limit, &depth, &values);
+    json_scan(body, body_len, limit, &depth, &values);
     if (depth > limit) {
-        res_problemf(res, KVIDX_EJSON, "JSON nesting deeper than max_json_depth (%zu)", limit);
+        PROBLEM(res, KVIDX_EJSON, "JSON nesting deeper than max_json_depth (%zu)", limit);
         return KVIDX_EJSON;
     }
     /* cJSON spends about 64 bytes per value: a body of tiny values (60 MB
      * of "0,") would cost gigabytes. No request needs more than a few
      * dozen values per key, so refuse before building the tree. */
-    uint64_t max_keys = req->app ? req->app->cfg.max_keys_per_request : 262144;
-    if ((uint64_t)values > JSON_VALUES_PER_KEY * max_keys + 4096) {
-        res_problemf(res, KVIDX_EBODYSIZE,
-                     "the body holds more JSON values than any request of at most %llu keys "
-                     "needs",
-                     (unsigned long long)max_keys);
+    uint64_t max_keys = app ? app->cfg.max_keys_per_request : 262144;
+    if ((uint64_t)values + extra_values > JSON_VALUES_PER_KEY * max_keys + 4096) {
+        PROBLEM(res, KVIDX_EBODYSIZE,
+                "the body holds more JSON values than any request of at most %llu keys "
+                "needs",
+                (unsigned long long)max_keys);
         return KVIDX_EBODYSIZE;
     }
     /* cJSON ends a string at an escaped NUL, so "a\u0000b" would arrive as
@@ -87,25 +95,24 @@ int json_parse_body(const struct request *req, struct response *res, cJSON **out
      * forbids NUL, and every key field forbids '@', so the escape is
      * rewritten to \u0040 (same length): the value is then rejected. */
     char *patched = NULL;
-    const char *text = req->body;
-    for (size_t i = 0, in_str = 0; i < req->body_len; i++) {
-        char c = req->body[i];
+    const char *text = body;
+    for (size_t i = 0, in_str = 0; i < body_len; i++) {
+        char c = body[i];
         if (!in_str) {
             in_str = c == '"';
             continue;
         }
         if (c == '"') {
             in_str = 0;
-        } else if (c == '\\' && i + 1 < req->body_len) {
-            if (req->body[i + 1] == 'u' && i + 5 < req->body_len &&
-                memcmp(req->body + i + 2, "0000", 4) == 0) {
+        } else if (c == '\\' && i + 1 < body_len) {
+            if (body[i + 1] == 'u' && i + 5 < body_len && memcmp(body + i + 2, "0000", 4) == 0) {
                 if (!patched) {
-                    patched = malloc(req->body_len);
+                    patched = malloc(body_len);
                     if (!patched) {
-                        res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
+                        PROBLEM(res, KVIDX_ENOMEM, "out of memory");
                         return KVIDX_ENOMEM;
                     }
-                    memcpy(patched, req->body, req->body_len);
+                    memcpy(patched, body, body_len);
                     text = patched;
                 }
                 memcpy(patched + i + 2, "0040", 4);
@@ -114,28 +121,33 @@ int json_parse_body(const struct request *req, struct response *res, cJSON **out
         }
     }
     const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(text, req->body_len, &end, 0);
+    cJSON *j = cJSON_ParseWithLengthOpts(text, body_len, &end, 0);
     if (patched && end)
-        end = req->body + (end - patched);
+        end = body + (end - patched);
     free(patched);
     if (!j) {
-        size_t off = end && end >= req->body ? (size_t)(end - req->body) : 0;
-        res_problemf(res, KVIDX_EJSON, "the body is not valid JSON (error near byte %zu)", off);
+        size_t off = end && end >= body ? (size_t)(end - body) : 0;
+        PROBLEM(res, KVIDX_EJSON, "the body is not valid JSON (error near byte %zu)", off);
         return KVIDX_EJSON;
     }
     /* Only white space may follow the value. */
-    const char *p = end ? end : req->body + req->body_len;
-    const char *stop = req->body + req->body_len;
+    const char *p = end ? end : body + body_len;
+    const char *stop = body + body_len;
     while (p < stop && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
         p++;
     if (p < stop && !(p + 1 == stop && *p == '\0')) {
         cJSON_Delete(j);
-        res_problemf(res, KVIDX_EJSON, "unexpected data after the JSON value at byte %zu",
-                     (size_t)(p - req->body));
+        PROBLEM(res, KVIDX_EJSON, "unexpected data after the JSON value at byte %zu",
+                (size_t)(p - body));
         return KVIDX_EJSON;
     }
     *out = j;
     return 0;
+}
+
+int json_parse_body(const struct request *req, struct response *res, cJSON **out)
+{
+    return json_parse_text(req->body, req->body_len, req->app, 0, res, out);
 }
 
 void json_field(const cJSON *v, kvidx_field_t *f)

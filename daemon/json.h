@@ -27,6 +27,12 @@ size_t json_depth(const char *s, size_t n, size_t limit);
  * fills res with 400 invalid_json and returns KVIDX_EJSON; on success *out
  * is the tree (cJSON_Delete it). An empty body is invalid. */
 int json_parse_body(const struct request *req, struct response *res, cJSON **out);
+/* json_parse_body on any text, with app's limits (defaults when NULL).
+ * extra_values is added to the text's value count (the values of a part
+ * cut out of it, see keyscan.h). res may be NULL: nothing is answered and
+ * only the return value tells what failed. */
+int json_parse_text(const char *body, size_t body_len, const struct app *app, size_t extra_values,
+                    struct response *res, cJSON **out);
 
 /* Converts a JSON value into the validator's raw fields. */
 void json_field(const cJSON *v, kvidx_field_t *f);

@@ -1,0 +1,293 @@
+/*
+ * Fast path for key-form bodies. A lookup or prefetch of 1000 keys spent
+ * most of its time building, walking and freeing a cJSON tree of 6000
+ * values; here one pass over the body bytes reads the keys array into
+ * kvidx_key_t directly, and only the rest of the body (the keys array cut
+ * down to []) goes through json_parse_text.
+ *
+ * Invariants: the scanner accepts a strict subset of what cJSON accepts,
+ * and gives up (returns 1, nothing allocated) on anything outside it:
+ * escapes, NUL bytes, white space other than the four JSON ones,
+ * numbers other than 1..15 plain digits without a leading zero, unknown or
+ * repeated key members, nested values before "keys", invalid keys, a
+ * max_json_depth below 3, or a body whose value count json_parse_body
+ * would refuse. Within the subset the spans it reads are the spans cJSON
+ * reads (every token boundary is a JSON white space byte or ",:]}"), so
+ * the rest tree equals cJSON's tree of the whole body with the keys array
+ * emptied, and each key equals what json_to_key makes of the element; the
+ * error answers therefore stay those of the cJSON path, which runs on every
+ * fallback. tests/unit/test_daemon_keyscan.c and
+ * tests/fuzz/fuzz_daemon_keyscan.c check this differentially. Keys point
+ * into the request body, never into memory freed here.
+ */
+#include "keyscan.h"
+
+#include "app.h"
+#include "json.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cur {
+    const char *p, *e;
+};
+
+static int is_ws(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static void skip_ws(struct cur *c)
+{
+    while (c->p < c->e && is_ws(*c->p))
+        c->p++;
+}
+
+/* Consumes ch (after white space); 0, or -1 when the next byte is another. */
+static int expect(struct cur *c, char ch)
+{
+    skip_ws(c);
+    if (c->p == c->e || *c->p != ch)
+        return -1;
+    c->p++;
+    return 0;
+}
+
+/* A string at c->p with no escape and no NUL: its bytes, or -1. Other raw
+ * bytes, control bytes included, are what cJSON copies verbatim too (the
+ * key validators judge them). memchr keeps this at memory speed. */
+static int plain_string(struct cur *c, const char **s, size_t *n)
+{
+    const char *p = c->p;
+    if (p == c->e || *p != '"')
+        return -1;
+    p++;
+    const char *q = memchr(p, '"', (size_t)(c->e - p));
+    if (!q)
+        return -1;
+    size_t len = (size_t)(q - p);
+    if (memchr(p, '\\', len) || memchr(p, '\0', len))
+        return -1;
+    *s = p;
+    *n = len;
+    c->p = q + 1;
+    return 0;
+}
+
+/* 1..15 decimal digits without a leading zero: exact in a double, the value
+ * cJSON's strtod gives. The caller checks that a delimiter follows. */
+static int plain_number(struct cur *c, double *v)
+{
+    const char *p = c->p, *e = c->e;
+    uint64_t x = 0;
+    size_t nd = 0;
+    while (p < e && *p >= '0' && *p <= '9') {
+        if (++nd > 15)
+            return -1;
+        x = x * 10 + (uint64_t)(*p - '0');
+        p++;
+    }
+    if (nd == 0 || (nd > 1 && c->p[0] == '0'))
+        return -1;
+    *v = (double)x;
+    c->p = p;
+    return 0;
+}
+
+/* A scalar member value before "keys": a string (escapes allowed, lexed as
+ * cJSON lexes it) or a run of literal/number bytes. Only its span matters:
+ * json_parse_text judges it in the rest of the body. */
+static int skip_scalar(struct cur *c)
+{
+    const char *p = c->p, *e = c->e;
+    if (p == e)
+        return -1;
+    if (*p == '"') {
+        for (p++;; p++) {
+            if (p >= e)
+                return -1;
+            if (*p == '\\')
+                p++;
+            else if (*p == '"')
+                break;
+        }
+        c->p = p + 1;
+        return 0;
+    }
+    const char *start = p;
+    while (p < e && ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                     (*p >= '0' && *p <= '9') || *p == '.' || *p == '+' || *p == '-'))
+        p++;
+    if (p == start)
+        return -1;
+    c->p = p;
+    return 0;
+}
+
+static kvidx_field_t *member_slot(kvidx_key_input_t *in, const char *s, size_t n)
+{
+    switch (n) {
+    case 7:
+        return memcmp(s, "kv_rank", 7) == 0 ? &in->kv_rank : NULL;
+    case 10:
+        if (memcmp(s, "model_name", 10) == 0)
+            return &in->model_name;
+        return memcmp(s, "cache_salt", 10) == 0 ? &in->cache_salt : NULL;
+    case 14:
+        return memcmp(s, "chunk_hash_hex", 14) == 0 ? &in->chunk_hash_hex : NULL;
+    case 15:
+        return memcmp(s, "object_group_id", 15) == 0 ? &in->object_group_id : NULL;
+    default:
+        return NULL;
+    }
+}
+
+/* One key object at c->p ('{'); *values counts what json_scan would. */
+static int key_object(struct cur *c, kvidx_key_t *k, size_t *values)
+{
+    kvidx_key_input_t in;
+    memset(&in, 0, sizeof(in));
+    c->p++;
+    (*values)++;
+    for (;;) {
+        const char *name;
+        size_t nlen;
+        skip_ws(c);
+        if (plain_string(c, &name, &nlen) != 0)
+            return -1;
+        kvidx_field_t *f = member_slot(&in, name, nlen);
+        if (!f || f->kind != KVIDX_FIELD_ABSENT || expect(c, ':') != 0)
+            return -1;
+        skip_ws(c);
+        if (c->p == c->e)
+            return -1;
+        if (*c->p == '"') {
+            if (plain_string(c, &f->str, &f->len) != 0)
+                return -1;
+            f->kind = KVIDX_FIELD_STRING;
+        } else {
+            if (plain_number(c, &f->num) != 0)
+                return -1;
+            f->kind = KVIDX_FIELD_NUMBER;
+        }
+        skip_ws(c);
+        if (c->p == c->e)
+            return -1;
+        if (*c->p == '}') {
+            c->p++;
+            break;
+        }
+        if (*c->p != ',')
+            return -1;
+        c->p++;
+        (*values)++;
+    }
+    return kvidx_key_from_input(&in, k, NULL) == 0 ? 0 : -1;
+}
+
+/* The keys array at c->p ('['). */
+static int keys_array(struct cur *c, struct keyscan *ks, uint64_t max, size_t *values)
+{
+    /* A key object takes at least 50 bytes: one allocation usually. */
+    size_t cap = (size_t)(c->e - c->p) / 48 + 1;
+    if (cap > 4096)
+        cap = 4096;
+    ks->keys = malloc(cap * sizeof(*ks->keys));
+    if (!ks->keys)
+        return -1;
+    c->p++;
+    (*values)++;
+    skip_ws(c);
+    if (c->p < c->e && *c->p == ']') {
+        c->p++;
+        return 0;
+    }
+    for (;;) {
+        skip_ws(c);
+        if (c->p == c->e || *c->p != '{')
+            return -1;
+        if (ks->n == max)
+            return -1; /* more keys than a request may hold: the cJSON path answers */
+        if (ks->n == cap) {
+            kvidx_key_t *k = realloc(ks->keys, 2 * cap * sizeof(*k));
+            if (!k)
+                return -1;
+            ks->keys = k;
+            cap *= 2;
+        }
+        if (key_object(c, &ks->keys[ks->n], values) != 0)
+            return -1;
+        ks->n++;
+        skip_ws(c);
+        if (c->p == c->e)
+            return -1;
+        if (*c->p == ']') {
+            c->p++;
+            return 0;
+        }
+        if (*c->p != ',')
+            return -1;
+        c->p++;
+        (*values)++;
+    }
+}
+
+void keyscan_free(struct keyscan *ks)
+{
+    cJSON_Delete(ks->rest);
+    free(ks->keys);
+    memset(ks, 0, sizeof(*ks));
+}
+
+int keyscan_body(const struct request *req, struct keyscan *ks)
+{
+    memset(ks, 0, sizeof(*ks));
+    const struct app *app = req->app;
+    /* The key objects sit at depth 3. */
+    if (app && app->cfg.max_json_depth < 3)
+        return 1;
+    struct cur c = {req->body, req->body + req->body_len};
+    if (expect(&c, '{') != 0)
+        return 1;
+    for (;;) {
+        const char *name;
+        size_t nlen;
+        skip_ws(&c);
+        if (plain_string(&c, &name, &nlen) != 0 || expect(&c, ':') != 0)
+            return 1;
+        skip_ws(&c);
+        if (nlen == 4 && memcmp(name, "keys", 4) == 0)
+            break;
+        if (skip_scalar(&c) != 0 || expect(&c, ',') != 0)
+            return 1;
+    }
+    if (c.p == c.e || *c.p != '[')
+        return 1;
+    const char *a0 = c.p;
+    size_t values = 0;
+    uint64_t max = app ? app->cfg.max_keys_per_request : 262144;
+    if (keys_array(&c, ks, max, &values) != 0) {
+        keyscan_free(ks);
+        return 1;
+    }
+    const char *a1 = c.p;
+    /* The rest: body[..a0) "[]" body[a1..); "[]" counts one value of the
+     * array's, whose others json_parse_text adds as extra values. */
+    size_t head = (size_t)(a0 - req->body), tail = (size_t)(req->body + req->body_len - a1);
+    char *t = malloc(head + 2 + tail);
+    if (!t) {
+        keyscan_free(ks);
+        return 1;
+    }
+    memcpy(t, req->body, head);
+    memcpy(t + head, "[]", 2);
+    memcpy(t + head + 2, a1, tail);
+    int rc = json_parse_text(t, head + 2 + tail, app, values - 1, NULL, &ks->rest);
+    free(t);
+    if (rc != 0) {
+        keyscan_free(ks);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,97 @@
+/*
+ * Differential fuzz target for the key-form fast path (daemon/keyscan.c):
+ * on any bytes, keyscan_body either falls back, or json_parse_body accepts
+ * the same body, each element of its "keys" array goes through json_to_key
+ * to the very key the fast path made, and the fast path's rest tree equals
+ * the whole tree with the keys array emptied. The first input byte picks
+ * the limits (default app, max_json_depth 2..4, few keys) so that the
+ * fall-backs on limits are exercised too. Any disagreement aborts.
+ */
+#include "app.h"
+#include "buf.h"
+#include "json.h"
+#include "keyscan.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
+
+static int same_tree(const cJSON *a, const cJSON *b)
+{
+    for (; a && b; a = a->next, b = b->next) {
+        if ((a->type & 0xff) != (b->type & 0xff))
+            return 0;
+        if (!a->string != !b->string || (a->string && strcmp(a->string, b->string) != 0))
+            return 0;
+        if (cJSON_IsString(a) && strcmp(a->valuestring, b->valuestring) != 0)
+            return 0;
+        if (cJSON_IsNumber(a) && memcmp(&a->valuedouble, &b->valuedouble, sizeof(double)) != 0)
+            return 0;
+        if (!same_tree(a->child, b->child))
+            return 0;
+    }
+    return !a && !b;
+}
+
+static int same_key(const kvidx_key_t *a, const kvidx_key_t *b)
+{
+    return kvidx_key_equal(a, b) && a->model_len == b->model_len && a->salt_len == b->salt_len &&
+           a->hash_len == b->hash_len && a->kv_rank == b->kv_rank && a->group == b->group;
+}
+
+int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
+{
+    static struct app app;
+    struct app *a = NULL;
+    if (size > 0) {
+        unsigned sel = data[0];
+        data++;
+        size--;
+        if (sel & 1) {
+            a = &app;
+            app.cfg.max_json_depth = 2 + (sel >> 1) % 3;
+            app.cfg.max_keys_per_request = 1 + (sel >> 3) % 8;
+        }
+    }
+    /* An exact-size copy, so that ASan sees any read past the body. */
+    char *body = malloc(size ? size : 1);
+    if (!body)
+        return 0;
+    memcpy(body, data, size);
+    struct request req;
+    memset(&req, 0, sizeof(req));
+    req.body = body;
+    req.body_len = size;
+    req.app = a;
+    struct keyscan ks;
+    if (keyscan_body(&req, &ks) != 0) {
+        if (ks.rest || ks.keys)
+            abort();
+        free(body);
+        return 0;
+    }
+    struct response res;
+    memset(&res, 0, sizeof(res));
+    cJSON *full = NULL;
+    if (json_parse_body(&req, &res, &full) != 0)
+        abort(); /* the fast path took a body the cJSON path refuses */
+    buf_free(&res.body);
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(full, "keys");
+    if (!cJSON_IsArray(arr) || (size_t)cJSON_GetArraySize(arr) != ks.n)
+        abort();
+    size_t i = 0;
+    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        kvidx_key_t k;
+        if (json_to_key(e, &k, NULL) != 0 || !same_key(&k, &ks.keys[i]))
+            abort();
+    }
+    if (!cJSON_ReplaceItemInObjectCaseSensitive(full, "keys", cJSON_CreateArray()) ||
+        !same_tree(full, ks.rest))
+        abort();
+    cJSON_Delete(full);
+    keyscan_free(&ks);
+    free(body);
+    return 0;
+}

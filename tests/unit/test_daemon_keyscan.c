@@ -1,0 +1,443 @@
+/*
+ * Differential test of the key-form fast path (daemon/keyscan.c) against
+ * the cJSON path it stands in for. For every body generated here, valid
+ * ones in many spellings, each kind of invalid one, and seeded random
+ * mutations of valid ones, keyscan_body either falls back, or json_parse_body
+ * accepts the same body and the fast path's keys equal what json_to_key
+ * makes of each element of "keys", and its rest tree equals cJSON's tree of
+ * the whole body with that array emptied. The generator is deterministic
+ * (fixed seed), so a failure reproduces; tests/fuzz/fuzz_daemon_keyscan.c
+ * runs the same check on arbitrary bytes.
+ */
+#include <criterion/criterion.h>
+
+#include "app.h"
+#include "buf.h"
+#include "json.h"
+#include "keyscan.h"
+
+#include "kvidx/err.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Same kind, name and value everywhere, in the same member order. */
+static int same_tree(const cJSON *a, const cJSON *b)
+{
+    for (; a && b; a = a->next, b = b->next) {
+        if ((a->type & 0xff) != (b->type & 0xff))
+            return 0;
+        if (!a->string != !b->string || (a->string && strcmp(a->string, b->string) != 0))
+            return 0;
+        if (cJSON_IsString(a) && strcmp(a->valuestring, b->valuestring) != 0)
+            return 0;
+        if (cJSON_IsNumber(a) && memcmp(&a->valuedouble, &b->valuedouble, sizeof(double)) != 0)
+            return 0;
+        if (!same_tree(a->child, b->child))
+            return 0;
+    }
+    return !a && !b;
+}
+
+static int same_key(const kvidx_key_t *a, const kvidx_key_t *b)
+{
+    return kvidx_key_equal(a, b) && a->model_len == b->model_len && a->salt_len == b->salt_len &&
+           a->hash_len == b->hash_len && a->kv_rank == b->kv_rank && a->group == b->group;
+}
+
+static size_t n_fast, n_fallback;
+
+/* 1 when the fast path took the body (and agreed), 0 when it fell back;
+ * fails the test on any disagreement. */
+static int diff_check(const char *body, size_t len, struct app *app)
+{
+    struct request req;
+    memset(&req, 0, sizeof(req));
+    req.body = len ? body : "";
+    req.body_len = len;
+    req.app = app;
+    struct keyscan ks;
+    if (keyscan_body(&req, &ks) != 0) {
+        cr_assert_null(ks.rest);
+        cr_assert_null(ks.keys);
+        n_fallback++;
+        return 0;
+    }
+    n_fast++;
+    struct response res;
+    memset(&res, 0, sizeof(res));
+    cJSON *full = NULL;
+    int rc = json_parse_body(&req, &res, &full);
+    buf_free(&res.body);
+    cr_assert_eq(rc, 0, "fast path took a body json_parse_body refuses (%d): %.*s", rc,
+                 (int)(len > 300 ? 300 : len), body);
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(full, "keys");
+    cr_assert(cJSON_IsArray(arr), "no keys array: %.*s", (int)(len > 300 ? 300 : len), body);
+    cr_assert_eq((size_t)cJSON_GetArraySize(arr), ks.n, "key count differs: %.*s",
+                 (int)(len > 300 ? 300 : len), body);
+    size_t i = 0;
+    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        kvidx_key_t k;
+        kvidx_reason_t why;
+        cr_assert_eq(json_to_key(e, &k, &why), 0, "fast path took keys[%zu] that cJSON refuses", i);
+        cr_assert(same_key(&k, &ks.keys[i]), "keys[%zu] differs: %.*s", i,
+                  (int)(len > 300 ? 300 : len), body);
+    }
+    cr_assert(cJSON_ReplaceItemInObjectCaseSensitive(full, "keys", cJSON_CreateArray()));
+    cr_assert(same_tree(full, ks.rest), "rest tree differs: %.*s", (int)(len > 300 ? 300 : len),
+              body);
+    cJSON_Delete(full);
+    keyscan_free(&ks);
+    return 1;
+}
+
+/* ---- generator ---- */
+
+static uint64_t rng = 0x6b76696478313421ULL;
+
+static uint64_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static size_t pick(size_t n)
+{
+    return (size_t)(rnd() % n);
+}
+
+static void ws(struct buf *b)
+{
+    static const char *const w[] = {"", "", "", "", " ", "\n", " \t\r\n ", "\x0b", "\x01"};
+    buf_puts(b, w[pick(rnd() % 16 ? 6 : 9)]);
+}
+
+static const char *const models[] = {"m",        "meta-llama/Llama-3-8B",
+                                     "a b",      "caf\xc3\xa9",
+                                     "\xc3",     "\xed\xa0\x80",
+                                     "m@x",      "m\\/x",
+                                     "m\\u0041", "m\\\"q",
+                                     "m\\u0000", "m\tx",
+                                     "",         "\xf0\x9f\x98\x80",
+                                     "m\x7f"};
+static const char *const hashes[] = {
+    "ab",
+    "00",
+    "0123456789abcdef",
+    "ABCDEF",
+    "aB",
+    "a",
+    "abc",
+    "zz",
+    "a b",
+    "",
+    "0x12",
+    "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+    "0123456789abcdef0123456789abcdef0123456789abcdef",
+    "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+    "0123456789abcdef0123456789abcdef0123456789abcdef00"};
+static const char *const numbers[] = {"0",
+                                      "1",
+                                      "7",
+                                      "65535",
+                                      "65536",
+                                      "4294967295",
+                                      "4294967296",
+                                      "123456789012345",
+                                      "1234567890123456",
+                                      "01",
+                                      "00",
+                                      "-0",
+                                      "-1",
+                                      "2.0",
+                                      "2e0",
+                                      "1E2",
+                                      "0.5",
+                                      "true",
+                                      "null",
+                                      "\"1\"",
+                                      "[]",
+                                      "{}",
+                                      "1x",
+                                      "+1"};
+static const char *const salts[] = {"",       "s",       "salt-1",  "a/b",  "a@b",
+                                    "a\\\\b", "\\u0041", "\\u0000", "x\\ny"};
+
+static void value_string(struct buf *b, const char *s)
+{
+    buf_putc(b, '"');
+    buf_puts(b, s);
+    buf_putc(b, '"');
+}
+
+/* A key object; with odd != 0, sometimes an unusual one. */
+static void gen_key(struct buf *b, int odd)
+{
+    const char *names[7] = {"chunk_hash_hex", "model_name", "kv_rank", "object_group_id",
+                            "cache_salt",     "extra",      "kv_rank"};
+    size_t order[7] = {0, 1, 2, 3, 4, 5, 6};
+    size_t nm = 5;
+    if (odd && pick(4) == 0)
+        nm = 5 + pick(3); /* unknown or repeated member */
+    for (size_t i = nm; i > 1; i--) {
+        size_t j = pick(i), t = order[i - 1];
+        order[i - 1] = order[j];
+        order[j] = t;
+    }
+    buf_putc(b, '{');
+    int first = 1;
+    for (size_t i = 0; i < nm; i++) {
+        size_t m = order[i];
+        if ((m == 3 || m == 4) && pick(2))
+            continue; /* optional members */
+        if (odd && pick(12) == 0)
+            continue; /* a required one missing, now and then */
+        if (!first)
+            buf_putc(b, ',');
+        first = 0;
+        ws(b);
+        value_string(b, names[m]);
+        ws(b);
+        buf_putc(b, ':');
+        ws(b);
+        switch (m) {
+        case 0:
+            value_string(b, hashes[odd ? pick(13) : pick(5)]);
+            break;
+        case 1:
+            value_string(b, models[odd ? pick(15) : pick(4)]);
+            break;
+        case 4:
+            value_string(b, salts[odd ? pick(9) : pick(3)]);
+            break;
+        default:
+            buf_puts(b, numbers[odd ? pick(24) : pick(m == 3 ? 4 : 6)]);
+        }
+        ws(b);
+    }
+    buf_putc(b, '}');
+}
+
+static void gen_body(struct buf *b, int odd)
+{
+    buf_reset(b);
+    ws(b);
+    buf_putc(b, '{');
+    ws(b);
+    if (pick(3) == 0) {
+        static const char *const pre[] = {
+            "\"tier\":\"l1\",",  "\"mode\":\"LOOKUP\",", "\"lease_ms\":10,",  "\"worker_id\":null,",
+            "\"x\":\"a\\\"b\",", "\"x\":[1],",           "\"k\\u0065ys\":1,", "\"keys\":[],"};
+        buf_puts(b, pre[pick(odd ? 8 : 4)]);
+        ws(b);
+    }
+    buf_puts(b, "\"keys\"");
+    ws(b);
+    buf_putc(b, ':');
+    ws(b);
+    buf_putc(b, '[');
+    size_t n = pick(9);
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            buf_putc(b, ',');
+        ws(b);
+        gen_key(b, odd && pick(3) == 0);
+        ws(b);
+    }
+    buf_putc(b, ']');
+    ws(b);
+    if (pick(3) == 0) {
+        static const char *const post[] = {",\"tier\":\"any\"",
+                                           ",\"mode\":\"WARM\"",
+                                           ",\"extra_count\":2",
+                                           ",\"keys\":[]",
+                                           ",\"x\":{\"y\":[1,2]}",
+                                           ",\"model_name\":\"m\"",
+                                           ","};
+        buf_puts(b, post[pick(odd ? 7 : 3)]);
+    }
+    ws(b);
+    buf_putc(b, '}');
+    if (odd && pick(8) == 0)
+        buf_puts(b, pick(2) ? " x" : "\n");
+}
+
+static void mutate(struct buf *dst, const struct buf *src)
+{
+    static const char bytes[] = "{}[]\",:\\ 0123456789.eE-+abfnrtuxyz\x00\x01\xff@/";
+    buf_reset(dst);
+    buf_append(dst, src->data, src->len);
+    size_t edits = 1 + pick(3);
+    for (size_t e = 0; e < edits && dst->len; e++) {
+        size_t at = pick(dst->len);
+        char c = bytes[pick(sizeof(bytes) - 1)];
+        switch (pick(3)) {
+        case 0:
+            dst->data[at] = c;
+            break;
+        case 1: /* delete */
+            memmove(dst->data + at, dst->data + at + 1, dst->len - at - 1);
+            dst->len--;
+            break;
+        default: /* insert */
+            buf_putc(dst, '\0');
+            memmove(dst->data + at + 1, dst->data + at, dst->len - at - 1);
+            dst->data[at] = c;
+        }
+    }
+}
+
+Test(keyscan, common_bodies_take_the_fast_path)
+{
+    const char *bodies[] = {
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}]}",
+        "{\"mode\":\"LOOKUP\",\"keys\":[{\"model_name\":\"meta/x\",\"kv_rank\":4294967295,"
+        "\"chunk_hash_hex\":\"ABcd\",\"object_group_id\":65535,\"cache_salt\":\"s\"}]}",
+        " { \"keys\" : [ ] , \"tier\" : \"l1\" } \n",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"},\n"
+        " {\"chunk_hash_hex\":\"cd\",\"kv_rank\":0,\"model_name\":\"caf\xc3\xa9\"}],"
+        "\"x\":{\"y\":[1]}}",
+        /* raw control bytes are copied verbatim by cJSON too */
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\","
+        "\"cache_salt\":\"a\x01\x1f b\"}]}",
+    };
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++)
+        cr_assert_eq(diff_check(bodies[i], strlen(bodies[i]), NULL), 1, "%s", bodies[i]);
+}
+
+Test(keyscan, unusual_bodies_fall_back)
+{
+    const char *bodies[] = {
+        "",
+        "[]",
+        "{}",
+        "{\"keys\":{}}",
+        "{\"x\":[],\"keys\":[]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1.0,\"chunk_hash_hex\":\"ab\"}]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1e0,\"chunk_hash_hex\":\"ab\"}]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":-0,\"chunk_hash_hex\":\"ab\"}]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":01,\"chunk_hash_hex\":\"ab\"}]}",
+        "{\"keys\":[{\"model_name\":\"m\\/x\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\",\"x\":1}]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"a\"}]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}]} x",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}],}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"},]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}]",
+        "{\"keys\":[{\"model_name\":\"m\",\x0b\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}]}",
+    };
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++)
+        cr_assert_eq(diff_check(bodies[i], strlen(bodies[i]), NULL), 0, "%s", bodies[i]);
+}
+
+Test(keyscan, depth_limit_below_three_falls_back)
+{
+    static struct app app;
+    app.cfg.max_keys_per_request = 100;
+    const char *body =
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}]}";
+    app.cfg.max_json_depth = 2;
+    cr_assert_eq(diff_check(body, strlen(body), &app), 0);
+    app.cfg.max_json_depth = 3;
+    cr_assert_eq(diff_check(body, strlen(body), &app), 1);
+}
+
+/* The rest of the body plus the cut-out keys must be counted like the
+ * whole body: around the limit the two paths agree value by value. */
+Test(keyscan, value_count_matches_the_whole_body)
+{
+    static struct app app;
+    app.cfg.max_json_depth = 32;
+    app.cfg.max_keys_per_request = 10;
+    size_t limit = JSON_VALUES_PER_KEY * 10 + 4096;
+    struct buf b;
+    buf_init(&b);
+    int took = 0, refused = 0;
+    for (size_t zeros = limit - 60; zeros < limit; zeros++) {
+        buf_reset(&b);
+        buf_puts(&b, "{\"keys\":[");
+        for (int i = 0; i < 10; i++)
+            buf_printf(&b, "%s{\"model_name\":\"m\",\"kv_rank\":%d,\"chunk_hash_hex\":\"ab\"}",
+                       i ? "," : "", i);
+        buf_puts(&b, "],\"x\":[0");
+        for (size_t z = 1; z < zeros; z++)
+            buf_puts(&b, ",0");
+        buf_puts(&b, "]}");
+        if (diff_check(b.data, b.len, &app)) {
+            took++;
+        } else {
+            refused++;
+            struct request req;
+            memset(&req, 0, sizeof(req));
+            req.body = b.data;
+            req.body_len = b.len;
+            req.app = &app;
+            struct response res;
+            memset(&res, 0, sizeof(res));
+            cJSON *j = NULL;
+            cr_assert_eq(json_parse_body(&req, &res, &j), KVIDX_EBODYSIZE);
+            buf_free(&res.body);
+        }
+    }
+    cr_assert(took > 0 && refused > 0, "the boundary was not crossed (%d/%d)", took, refused);
+    buf_free(&b);
+}
+
+Test(keyscan, generated_and_mutated_bodies_agree)
+{
+    static struct app app;
+    app.cfg.max_json_depth = 32;
+    app.cfg.max_keys_per_request = 6;
+    struct buf b, m;
+    buf_init(&b);
+    buf_init(&m);
+    n_fast = n_fallback = 0;
+    for (int round = 0; round < 50000; round++) {
+        gen_body(&b, round % 2);
+        cr_assert(!b.failed);
+        struct app *a = round % 5 == 0 ? &app : NULL;
+        diff_check(b.data, b.len, a);
+        if (round % 50 == 0) /* every truncation of one body */
+            for (size_t cut = 0; cut < b.len; cut++)
+                diff_check(b.data, cut, a);
+        for (int k = 0; k < 3; k++) {
+            mutate(&m, &b);
+            cr_assert(!m.failed);
+            diff_check(m.data, m.len, a);
+        }
+    }
+    /* Both paths must be exercised for the comparison to mean anything. */
+    cr_assert(n_fast > 15000 && n_fallback > 100000, "fast %zu, fallback %zu", n_fast, n_fallback);
+    cr_log_info("keyscan: %zu bodies on the fast path, %zu fell back", n_fast, n_fallback);
+    buf_free(&b);
+    buf_free(&m);
+}
+
+/* The table behind kvidx_hex_value and the hash, rank and group decoders
+ * (lib/key.c) gives what the range tests it replaced gave, for every byte. */
+Test(keyscan, hex_table_matches_the_range_tests)
+{
+    for (int c = 0; c < 256; c++) {
+        int want = c >= '0' && c <= '9'   ? c - '0'
+                   : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                   : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                          : -1;
+        cr_assert_eq(kvidx_hex_value((unsigned char)c), want, "byte 0x%02x", c);
+        char hex[2] = {(char)c, '0'};
+        uint8_t out[KVIDX_HASH_MAX], n = 0;
+        int rc = kvidx_key_hash_from_hex(hex, 2, out, &n, NULL);
+        cr_assert_eq(rc == 0, want >= 0, "byte 0x%02x", c);
+        if (want >= 0)
+            cr_assert(n == 1 && out[0] == (uint8_t)(want << 4), "byte 0x%02x", c);
+        hex[0] = '0';
+        hex[1] = (char)c;
+        rc = kvidx_key_hash_from_hex(hex, 2, out, &n, NULL);
+        cr_assert_eq(rc == 0, want >= 0, "byte 0x%02x", c);
+        if (want >= 0)
+            cr_assert(n == 1 && out[0] == (uint8_t)want, "byte 0x%02x", c);
+    }
+}
