@@ -54,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -64,18 +65,23 @@
 #define SECRET_FILE   "page_token.secret"
 #define SNAPSHOT_FILE "snapshot.kvs"
 #define SNAPSHOT_TMP  "snapshot.tmp"
+#define LOCK_FILE     "lock"
 #define SECRET_MAGIC  "KVIDXSEC"
 #define SECRET_LEN    (8 + 4 + KVIDX_TOKEN_SECRET_LEN)
 _Static_assert(KVIDX_STATE_L1 == KVIDX_DURABLE_L1 && KVIDX_STATE_L2 == KVIDX_DURABLE_L2,
                "journal tier bits are the index's durable tier bits");
 
 #define PATHN 1400 /* data_dir (< 1024) + "/" + a file name */
+/* Attempts at writing what is left, at shutdown, while the journal fails. */
+#define STOP_ATTEMPTS 3
 
 struct waiter {
     struct persist *p;
     struct response *res;
     uint64_t seq;
     struct buf undo; /* KEY records of the states before this request */
+    int ready;       /* on p->ready (being answered), not on p->waiters */
+    int keep;        /* cannot be undone: on failure its change stays, answered as is */
     struct waiter *prev, *next;
 };
 
@@ -91,6 +97,10 @@ struct persist {
     uint64_t appended_seq;  /* end of everything encoded so far */
     uint64_t journal_bytes; /* since the last snapshot, incl. files kept at start */
     struct waiter *waiters;
+    /* Answers on_async is sending. Answering one can close its connection
+     * and cancel others: waiter_cancel then unlinks them from here. */
+    struct waiter *ready;
+    int stalled; /* stage could not be handed to the writer (out of memory) */
     int failing_seen;
     uv_prepare_t prepare;
     uv_async_t async;
@@ -120,8 +130,12 @@ struct persist {
     int sync_req;
     int stop;
     int async_open;            /* the loop may be woken */
+    size_t lost_bytes;         /* left unwritten when the writer gave up at shutdown */
     uint64_t rot_seq, rot_gen; /* rotate to rot_gen at rot_seq (rot_gen 0: none) */
     uint64_t del_below;        /* delete journals below this generation */
+
+    int lock_fd;     /* data_dir/lock, flock'ed for the life of the process */
+    int snap_failed; /* the last snapshot failed: retry without a new rotation */
 
     /* writer thread only */
     int fd;
@@ -284,34 +298,56 @@ static void writer_main(void *arg)
     struct buf work;
     buf_init(&work);
     uint64_t work_end = 0; /* seq after work's bytes */
+    int stop_fails = 0;    /* failed attempts since shutdown began */
     uv_mutex_lock(&p->mu);
     for (;;) {
+        int oom = 0;
         while (!p->stop && !p->pending.len && !work.len && !p->sync_req && !p->failing &&
                !(p->rot_gen && p->pending_start == p->rot_seq) &&
                !(p->del_below && p->wgen >= p->del_below))
             uv_cond_wait(&p->cv, &p->mu);
-        if (p->failing && !p->stop) /* retry once a second */
-            uv_cond_timedwait(&p->cv, &p->mu, 1000000000ull);
+        if (p->failing) /* retry once a second (a tenth at shutdown) */
+            uv_cond_timedwait(&p->cv, &p->mu, p->stop ? 100000000ull : 1000000000ull);
         /* Take pending up to the rotation point, if any. */
         if (!work.len && p->pending.len) {
             size_t take = p->pending.len;
             if (p->rot_gen && p->rot_seq >= p->pending_start &&
                 p->rot_seq - p->pending_start < take)
                 take = (size_t)(p->rot_seq - p->pending_start);
-            buf_append(&work, p->pending.data, take);
-            memmove(p->pending.data, p->pending.data + take, p->pending.len - take);
-            p->pending.len -= take;
-            p->pending_start += take;
-            work_end = p->pending_start;
+            if (take == p->pending.len) {
+                /* All of it: swap the buffers (work is empty), no copy. */
+                struct buf t = work;
+                work = p->pending;
+                p->pending = t;
+                p->pending_start += take;
+                work_end = p->pending_start;
+            } else if (take && buf_reserve(&work, take) == 0) {
+                buf_append(&work, p->pending.data, take);
+                memmove(p->pending.data, p->pending.data + take, p->pending.len - take);
+                p->pending.len -= take;
+                p->pending_start += take;
+                work_end = p->pending_start;
+            } else if (take) {
+                /* Out of memory: the bytes stay in pending and the
+                 * positions where they are; fail and retry in a second. */
+                buf_reset(&work);
+                errno = ENOMEM;
+                if (!p->failing)
+                    snprintf(p->fail_msg, sizeof(p->fail_msg), "journal buffer: %s",
+                             strerror(ENOMEM));
+                p->failing = 1;
+                oom = 1;
+                notify_loop(p);
+            }
         }
         int want_sync = p->policy == FSYNC_ALWAYS || p->sync_req || p->stop || p->failing;
         p->sync_req = 0;
         int rotate = p->rot_gen && p->pending_start == p->rot_seq && !work.len;
-        int stop = p->stop && !p->pending.len;
+        int stopping = p->stop;
         uint64_t del = p->del_below;
         uv_mutex_unlock(&p->mu);
 
-        int ok = 1;
+        int ok = !oom;
         if (work.len) {
             if (write_all(p->fd, work.data, work.len) != 0 ||
                 (want_sync && fdatasync(p->fd) != 0)) {
@@ -367,10 +403,16 @@ static void writer_main(void *arg)
             p->failing = 0;
         }
         notify_loop(p);
-        if (stop && (ok || p->stop > 1))
+        /* Shutdown: done once everything is written; on errors, a bounded
+         * number of attempts whatever is left (pending may hold records,
+         * e.g. an undo's, that can never go before work), then give up:
+         * persist_free logs that the last changes are lost. */
+        if (stopping && ok && !work.len && !p->pending.len)
             break;
-        if (stop && !ok)
-            p->stop++; /* one retry at shutdown, then give up */
+        if (stopping && !ok && ++stop_fails >= STOP_ATTEMPTS) {
+            p->lost_bytes = work.len + p->pending.len;
+            break;
+        }
     }
     uv_mutex_unlock(&p->mu);
     buf_free(&work);
@@ -378,17 +420,48 @@ static void writer_main(void *arg)
 
 /* ---- loop side ---- */
 
-static int apply_state(kvidx_index_t *idx, const kvidx_key_t *k, uint64_t size, unsigned tiers);
+static int apply_state(kvidx_index_t *idx, const kvidx_key_t *k, uint64_t size, unsigned tiers,
+                       int force);
 
-static void hand_over(struct persist *p)
+/* Moves the stage to pending. Out of memory: the bytes stay in the stage
+ * (nothing is dropped, positions stay right), writes are refused while it
+ * lasts (p->stalled) and the next loop turn tries again (the reap timer
+ * turns the loop at least every 100 ms). 0, or -1 when they stayed. */
+static int hand_over(struct persist *p)
 {
-    if (!p->stage.len)
-        return;
+    if (!p->stage.len) {
+        p->stalled = 0;
+        return 0;
+    }
     uv_mutex_lock(&p->mu);
-    buf_append(&p->pending, p->stage.data, p->stage.len);
-    uv_cond_signal(&p->cv);
+    int rc = 0;
+    if (!p->pending.len) {
+        /* The usual case: swap the buffers, no copy, no allocation. */
+        struct buf t = p->pending;
+        p->pending = p->stage;
+        p->stage = t;
+    } else if (buf_reserve(&p->pending, p->stage.len) == 0) {
+        buf_append(&p->pending, p->stage.data, p->stage.len);
+    } else {
+        p->pending.failed = 0; /* its bytes are intact; retry later */
+        rc = -1;
+    }
+    if (!rc)
+        uv_cond_signal(&p->cv);
     uv_mutex_unlock(&p->mu);
+    if (rc) {
+        if (!p->stalled)
+            log_error("journal: out of memory handing %zu bytes to the writer; refusing writes "
+                      "until it succeeds",
+                      p->stage.len);
+        p->stalled = 1;
+        return -1;
+    }
     buf_reset(&p->stage);
+    if (p->stalled)
+        log_info("journal: records handed to the writer again; accepting writes");
+    p->stalled = 0;
+    return 0;
 }
 
 static void append_rec(struct persist *p, const kvidx_jrec_t *r)
@@ -403,6 +476,7 @@ static void append_rec(struct persist *p, const kvidx_jrec_t *r)
                       "next snapshot");
         p->gap = 1;
         p->gap_epoch++;
+        p->stage.failed = 0; /* the stage's bytes are intact: later records go on */
         return;
     }
     size_t len = 0;
@@ -501,6 +575,8 @@ static void waiter_unlink(struct waiter *w)
     struct persist *p = w->p;
     if (w->prev)
         w->prev->next = w->next;
+    else if (w->ready)
+        p->ready = w->next;
     else
         p->waiters = w->next;
     if (w->next)
@@ -521,11 +597,39 @@ static void waiter_cancel(void *arg)
     waiter_free(w);
 }
 
+/* 1 when a key the request changed now has a pinned or loading L1 copy:
+ * an undo would have to delete or resize it, which only a forced delete
+ * may do (SPEC §2), so the request is not undone at all. */
+static int undo_blocked(struct persist *p, const struct waiter *w)
+{
+    const uint8_t *b = (const uint8_t *)w->undo.data;
+    kvidx_index_t *idx = p->app->keystore->idx;
+    size_t off = 0;
+    kvidx_jrec_t rec;
+    while (kvidx_journal_next(b, w->undo.len, &off, &rec) == 1) {
+        kvidx_ref_t ref;
+        kvidx_entry_info_t info;
+        if (rec.type != KVIDX_JREC_KEY || kvidx_index_find(idx, &rec.key, &ref) != 0 ||
+            kvidx_index_info(idx, ref, &info) != 0)
+            continue;
+        if (info.l1_state == KVIDX_L1_LOADING || info.pins > 0)
+            return 1;
+    }
+    return 0;
+}
+
 /* Puts back the states a failed request replaced, newest first. The index
  * reports the restored states as changes, so compensating records follow
- * the failed ones in the journal once it can be written again. */
+ * the failed ones in the journal once it can be written again. A request
+ * that cannot be undone (no undo log, or a pinned copy in the way) keeps
+ * its change, which is journaled when the disk recovers: w->keep, and it
+ * is answered as it was (not 503). */
 static void waiter_undo(struct persist *p, struct waiter *w)
 {
+    if (w->keep || undo_blocked(p, w)) {
+        w->keep = 1;
+        return;
+    }
     const uint8_t *b = (const uint8_t *)w->undo.data;
     size_t n = 0, cap = 0, off = 0;
     size_t *at = NULL;
@@ -533,8 +637,11 @@ static void waiter_undo(struct persist *p, struct waiter *w)
     while (kvidx_journal_next(b, w->undo.len, &off, &rec) == 1) {
         if (n == cap) {
             size_t *na = realloc(at, (cap = cap ? 2 * cap : 64) * sizeof(*at));
-            if (!na)
-                break;
+            if (!na) {
+                free(at);
+                w->keep = 1; /* cannot walk it backwards: leave it all */
+                return;
+            }
             at = na;
         }
         at[n++] = off;
@@ -544,7 +651,7 @@ static void waiter_undo(struct persist *p, struct waiter *w)
         if (kvidx_journal_next(b, w->undo.len, &off, &rec) != 1)
             continue;
         if (rec.type == KVIDX_JREC_KEY) {
-            if (apply_state(p->app->keystore->idx, &rec.key, rec.size_bytes, rec.tiers) != 0)
+            if (apply_state(p->app->keystore->idx, &rec.key, rec.size_bytes, rec.tiers, 0) != 0)
                 log_warn("journal: could not restore a key after a failed write");
         } else if (rec.type == KVIDX_JREC_LAYOUT_PUT) {
             layouts_restore(p->app->layouts, (const char *)rec.blob, rec.blob_len);
@@ -566,7 +673,7 @@ int persist_refuse(const struct request *req, struct response *res)
     buf_reset(&p->capture);
     p->capturing = p->policy == FSYNC_ALWAYS;
     uv_mutex_lock(&p->mu);
-    int failing = p->failing || p->gap;
+    int failing = p->failing || p->gap || p->stalled;
     uv_mutex_unlock(&p->mu);
     if (!failing)
         return 0;
@@ -597,11 +704,14 @@ int persist_ack(const struct request *req, struct response *res)
     w->p = p;
     w->res = res;
     w->seq = p->appended_seq;
-    /* The waiter takes the undo records (none when capture failed). */
+    /* The waiter takes the undo records. Without them (capture failed) the
+     * request cannot be undone: on failure it keeps its change. */
     w->undo = p->capture;
     buf_init(&p->capture);
-    if (capturing < 0)
+    if (capturing < 0) {
         buf_reset(&w->undo);
+        w->keep = 1;
+    }
     w->next = p->waiters;
     if (p->waiters)
         p->waiters->prev = w;
@@ -639,21 +749,26 @@ static void on_async(uv_async_t *h)
             if (w->seq > durable)
                 waiter_undo(p, w);
     }
-    /* Detach the answers to send first: completing one may run pipelined
-     * requests that add waiters. */
-    struct waiter *ready = NULL;
+    /* Move the answers to send to p->ready first: completing one may run
+     * pipelined requests that add waiters. Completing one may also close
+     * its connection, which cancels the answers still waiting on it:
+     * waiter_cancel then takes them off p->ready, so the loop only ever
+     * reads the head of that list, never a saved pointer. */
     for (struct waiter *w = p->waiters, *next; w; w = next) {
         next = w->next;
         if (w->seq <= durable || failing) {
             waiter_unlink(w);
-            w->next = ready;
-            ready = w;
+            w->ready = 1;
+            w->next = p->ready; /* the list is newest first: p->ready oldest first */
+            if (p->ready)
+                p->ready->prev = w;
+            p->ready = w;
         }
     }
-    while (ready) {
-        struct waiter *w = ready;
-        ready = w->next;
-        if (w->seq > durable) {
+    while (p->ready) {
+        struct waiter *w = p->ready;
+        waiter_unlink(w);
+        if (w->seq > durable && !w->keep) {
             buf_reset(&w->res->body);
             w->res->extra_len = 0;
             res_problem(w->res, KVIDX_ESTORAGE,
@@ -661,6 +776,9 @@ static void on_async(uv_async_t *h)
         }
         struct response *res = w->res;
         waiter_free(w);
+        /* The waiter is gone: the server must not cancel it again. */
+        res->cancel = NULL;
+        res->waiter = NULL;
         res_complete(res);
     }
     maybe_snapshot(p);
@@ -790,18 +908,27 @@ static void maybe_snapshot(struct persist *p)
         return;
     /* Everything encoded so far goes to cur_gen; later changes to the next
      * generation. The child's image holds exactly the former. */
-    hand_over(p);
+    if (hand_over(p) != 0)
+        return;
     uint64_t next = p->cur_gen + 1;
     uv_mutex_lock(&p->mu);
     if (p->rot_gen) { /* a previous rotation is still pending */
         uv_mutex_unlock(&p->mu);
         return;
     }
-    p->rot_seq = p->appended_seq;
-    p->rot_gen = next;
-    uv_cond_signal(&p->cv);
+    if (p->snap_failed) {
+        /* A retry: the generations below cur_gen are the failed
+         * snapshot's, already closed. Snapshot "below cur_gen" without a
+         * new generation: the image also holds a prefix of cur_gen, which
+         * replay applies again on top (records are idempotent states). */
+        next = p->cur_gen;
+    } else {
+        p->rot_seq = p->appended_seq;
+        p->rot_gen = next;
+        uv_cond_signal(&p->cv);
+    }
     uv_mutex_unlock(&p->mu);
-    p->cur_gen = next;
+    p->cur_gen = next > p->cur_gen ? next : p->cur_gen;
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
@@ -809,16 +936,31 @@ static void maybe_snapshot(struct persist *p)
          * index and layouts, never touches the loop, and _exit()s. It dies
          * with its parent (a snapshot finishing after a restart could race
          * the new process's files) and closes every inherited descriptor
-         * (the listening socket must not outlive the parent). */
+         * (the listening socket must not outlive the parent). The loop's
+         * signal handlers are not its own: default dispositions, nothing
+         * blocked. */
+        sigset_t all;
+        sigemptyset(&all);
+        sigprocmask(SIG_SETMASK, &all, NULL);
+        for (int sig = 1; sig < NSIG; sig++)
+            if (sig != SIGKILL && sig != SIGSTOP)
+                signal(sig, SIG_DFL);
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(3);
-        close_range(3, ~0u, 0);
+        if (close_range(3, ~0u, 0) != 0) {
+            long max = sysconf(_SC_OPEN_MAX);
+            if (max < 0 || max > 1 << 20)
+                max = 1 << 20;
+            for (int fd = 3; fd < max; fd++)
+                close(fd);
+        }
         _exit(persist_write_snapshot(p->app->keystore->idx, p->app->layouts, p->dir, next) ? 2 : 0);
     }
     if (pid < 0) {
         log_warn("snapshot: fork failed (%s); retrying in 10 s", strerror(errno));
         p->snap_retry_ms = uv_now(p->app->loop) + 10000;
+        p->snap_failed = 1; /* the rotation is done: the retry needs none */
         return;
     }
     p->child = pid;
@@ -844,6 +986,7 @@ static void on_reap(uv_timer_t *t)
     if (r > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
         log_info("snapshot: generation %llu written; deleting the journals it covers",
                  (unsigned long long)p->child_gen);
+        p->snap_failed = 0;
         if (p->gap && p->gap_epoch == p->child_epoch) {
             p->gap = 0;
             log_info("journal: the snapshot holds every change; accepting writes again");
@@ -853,9 +996,15 @@ static void on_reap(uv_timer_t *t)
         uv_cond_signal(&p->cv);
         uv_mutex_unlock(&p->mu);
     } else {
-        log_error("snapshot: the writer failed (status %d); the journals are kept, retrying in "
-                  "10 s",
-                  status);
+        if (r > 0 && WIFSIGNALED(status))
+            log_error("snapshot: the writer was killed by signal %d; the journals are kept, "
+                      "retrying in 10 s",
+                      WTERMSIG(status));
+        else
+            log_error("snapshot: the writer failed (exit status %d); the journals are kept, "
+                      "retrying in 10 s",
+                      r > 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        p->snap_failed = 1;
         p->journal_bytes += p->app->cfg.snapshot_journal_bytes; /* still due */
         p->snap_retry_ms = uv_now(p->app->loop) + 10000;
     }
@@ -911,14 +1060,17 @@ static int secret_load(struct persist *p)
     return rc;
 }
 
-/* Makes the key's durable state what a record says. */
-static int apply_state(kvidx_index_t *idx, const kvidx_key_t *k, uint64_t size, unsigned tiers)
+/* Makes the key's durable state what a record says. Replay forces (there
+ * are no pins at start); an undo does not (SPEC §2: a pinned copy is only
+ * deleted by a forced delete). */
+static int apply_state(kvidx_index_t *idx, const kvidx_key_t *k, uint64_t size, unsigned tiers,
+                       int force)
 {
     kvidx_del_outcome_t o;
     if (!(tiers & KVIDX_STATE_L1))
-        kvidx_index_delete(idx, k, KVIDX_TIER_L1, 1, &o);
+        kvidx_index_delete(idx, k, KVIDX_TIER_L1, force, &o);
     if (!(tiers & KVIDX_STATE_L2))
-        kvidx_index_delete(idx, k, KVIDX_TIER_L2, 1, &o);
+        kvidx_index_delete(idx, k, KVIDX_TIER_L2, force, &o);
     kvidx_put_t it = {*k, size};
     int rc = 0;
     if (tiers & KVIDX_STATE_L2)
@@ -1103,7 +1255,9 @@ static int journal_replay(struct persist *p, uint64_t gen, uint64_t *nrec, uint6
         log_warn("journal %s: bad header; ignoring its %zu bytes (renamed to .bad)", path, len);
         char bad[PATHN + 8];
         snprintf(bad, sizeof(bad), "%s.bad", path);
-        rename(path, bad);
+        if (rename(path, bad) != 0 || fsync_dir(p->dir) != 0)
+            log_warn("journal %s: cannot set it aside: %s (ignored again at the next start)", path,
+                     strerror(errno));
         free(data);
         return 0;
     }
@@ -1112,7 +1266,7 @@ static int journal_replay(struct persist *p, uint64_t gen, uint64_t *nrec, uint6
     int rc;
     while ((rc = kvidx_journal_next(data, len, &off, &rec)) == 1) {
         if (rec.type == KVIDX_JREC_KEY) {
-            if (apply_state(idx, &rec.key, rec.size_bytes, rec.tiers) != 0)
+            if (apply_state(idx, &rec.key, rec.size_bytes, rec.tiers, 1) != 0)
                 log_warn("journal %s: a record at byte %zu could not be applied (capacity?)", path,
                          off);
         } else if (rec.type == KVIDX_JREC_LAYOUT_PUT) {
@@ -1128,7 +1282,7 @@ static int journal_replay(struct persist *p, uint64_t gen, uint64_t *nrec, uint6
                  "(the %zu bytes after it are dropped)",
                  path, off, len, len - off);
         int fd = open(path, O_WRONLY | O_CLOEXEC);
-        if (fd < 0 || ftruncate(fd, (off_t)off) != 0 || fsync(fd) != 0) {
+        if (fd < 0 || ftruncate(fd, (off_t)off) != 0 || fsync(fd) != 0 || fsync_dir(p->dir) != 0) {
             log_error("refusing to start: cannot truncate %s: %s", path, strerror(errno));
             if (fd >= 0)
                 close(fd);
@@ -1139,6 +1293,50 @@ static int journal_replay(struct persist *p, uint64_t gen, uint64_t *nrec, uint6
     }
     *bytes += off;
     free(data);
+    return 0;
+}
+
+/* Removes every *.tmp in the directory (start only, under the lock). */
+static void remove_tmp_files(struct persist *p)
+{
+    DIR *d = opendir(p->dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    int removed = 0;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (n > 4 && strcmp(e->d_name + n - 4, ".tmp") == 0) {
+            char path[PATHN];
+            path_of(p, path, sizeof(path), e->d_name);
+            if (unlink(path) == 0)
+                removed++;
+        }
+    }
+    closedir(d);
+    if (removed)
+        fsync_dir(p->dir);
+}
+
+/* Takes data_dir/lock (flock, exclusive, not waiting): one kvidxd a
+ * directory. 0, or KVIDX_EINTERNAL (logged). */
+static int lock_dir(struct persist *p)
+{
+    char path[PATHN];
+    path_of(p, path, sizeof(path), LOCK_FILE);
+    p->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (p->lock_fd < 0) {
+        log_error("refusing to start: cannot open %s: %s", path, strerror(errno));
+        return KVIDX_EINTERNAL;
+    }
+    if (flock(p->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK)
+            log_error("refusing to start: data_dir %s is in use by another kvidxd (%s is locked)",
+                      p->dir, path);
+        else
+            log_error("refusing to start: cannot lock %s: %s", path, strerror(errno));
+        return KVIDX_EINTERNAL;
+    }
     return 0;
 }
 
@@ -1158,6 +1356,7 @@ int persist_open(struct app *app)
         return KVIDX_ENOMEM;
     p->app = app;
     p->fd = -1;
+    p->lock_fd = -1;
     p->policy = app->cfg.fsync;
     snprintf(p->dir, sizeof(p->dir), "%s", app->cfg.data_dir);
     buf_init(&p->stage);
@@ -1176,6 +1375,11 @@ int persist_open(struct app *app)
         log_error("refusing to start: data_dir %s is not usable: %s", p->dir, strerror(errno));
         goto fail;
     }
+    /* Nothing in the directory is read or changed before the lock is held:
+     * restore truncates torn tails and deletes files, which must never
+     * happen under a running daemon. */
+    if ((rc = lock_dir(p)) != 0)
+        goto fail;
     if ((rc = secret_load(p)) != 0)
         goto fail;
     uint64_t next_gen = 0, nkeys = 0, nlayouts = 0;
@@ -1198,9 +1402,7 @@ int persist_open(struct app *app)
             goto fail;
         replayed++;
     }
-    char tmp[PATHN];
-    path_of(p, tmp, sizeof(tmp), SNAPSHOT_TMP);
-    unlink(tmp); /* a snapshot interrupted by a crash */
+    remove_tmp_files(p); /* files whose writing a crash interrupted */
     p->cur_gen = max_gen + 1;
     p->wgen = p->cur_gen;
     p->fd = journal_create(p, p->cur_gen);
@@ -1255,6 +1457,8 @@ fail:
     free(gens);
     if (p->fd >= 0)
         close(p->fd);
+    if (p->lock_fd >= 0)
+        close(p->lock_fd);
     buf_free(&p->stage);
     buf_free(&p->pending);
     free(p);
@@ -1284,17 +1488,20 @@ void persist_free(struct app *app)
         return;
     if (app->keystore)
         kvidx_index_set_change_cb(app->keystore->idx, NULL, NULL);
-    hand_over(p);
+    if (hand_over(p) != 0)
+        log_error("shutdown: out of memory handing the last %zu journal bytes to the writer; "
+                  "the last changes are lost",
+                  p->stage.len);
     if (p->thread_started) {
         uv_mutex_lock(&p->mu);
         p->stop = 1;
         uv_cond_signal(&p->cv);
         uv_mutex_unlock(&p->mu);
         uv_thread_join(&p->thread);
-        if (p->failing)
+        if (p->failing || p->lost_bytes)
             log_error("shutdown: the journal could not be written (%s); the last changes are "
-                      "lost",
-                      p->fail_msg);
+                      "lost (%zu bytes)",
+                      p->fail_msg, p->lost_bytes);
     }
     if (p->child > 0) {
         kill(p->child, SIGKILL);
@@ -1305,6 +1512,8 @@ void persist_free(struct app *app)
     }
     if (p->fd >= 0)
         close(p->fd);
+    if (p->lock_fd >= 0)
+        close(p->lock_fd); /* releases the lock */
     uv_mutex_destroy(&p->mu);
     uv_cond_destroy(&p->cv);
     buf_free(&p->stage);

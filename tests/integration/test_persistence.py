@@ -23,7 +23,11 @@ What is checked:
 * /readyz is never 200 before the restored data is queryable; READY=1 too;
 * a journal that cannot be written (RLIMIT_FSIZE, set on the daemon only)
   answers 503 storage_unavailable, changes nothing, and writes resume by
-  themselves once it can be written again.
+  themselves once it can be written again;
+* a client that pipelines writes and resets the connection while their
+  fsync runs does not crash the daemon (fsync=always);
+* a second kvidxd on the same data_dir refuses to start and touches
+  nothing; stale *.tmp files are removed at start.
 
 Each test uses its own temporary data_dir; every daemon started is killed in
 cleanup. Random choices print their seed (KVIDX_TEST_SEED reproduces).
@@ -36,7 +40,9 @@ import random
 import re
 import resource
 import signal
+import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -726,6 +732,39 @@ class Snapshots(PersistenceBase):
         self.assert_same_state(before, self.state(d), "after a clean restart with snapshots")
         self.stop(d)
 
+    def test_failed_snapshot_retries_without_new_generations(self):
+        # snapshot.tmp is a directory: every snapshot fails. A retry must
+        # not rotate to a new journal generation each time (a failing disk
+        # would otherwise add a file every 10 s); once it can succeed, the
+        # journals it covers go and every key survives a restart.
+        dd = self.new_dir()
+        d = self.start(dd, fsync="no")
+        self.wait_ready(d)
+        os.mkdir(os.path.join(dd, "snapshot.tmp"))
+        ks = [key(i, "snapfail") for i in range(300)]
+        self.put(d, ks)
+        fail_re = re.compile(r"snapshot: the writer failed \(exit status 2\)")
+        self.assertTrue(d.wait_log(fail_re, 10), d.log()[-3000:])
+        n1 = len(journals(dd))
+        end = time.monotonic() + 25
+        while len(fail_re.findall(d.log())) < 2 and time.monotonic() < end:
+            time.sleep(0.2)
+        self.assertGreaterEqual(len(fail_re.findall(d.log())), 2, d.log()[-3000:])
+        self.assertEqual(len(journals(dd)), n1, listing_of(dd))
+        os.rmdir(os.path.join(dd, "snapshot.tmp"))
+        more = [key(1000 + i, "snapfail") for i in range(10)]
+        self.put(d, more)
+        self.assertTrue(d.wait_log(r"snapshot: generation \d+ written", 25), d.log()[-3000:])
+        end = time.monotonic() + 10
+        while len(journals(dd)) > 1 and time.monotonic() < end:
+            time.sleep(0.1)
+        self.assertEqual(len(journals(dd)), 1, listing_of(dd))
+        self.stop(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, ks + more)
+        self.stop(d)
+
 
 # ---------------------------------------------------------------------------
 # 6. Page tokens survive a restart
@@ -1044,6 +1083,197 @@ class StorageUnavailable(PersistenceBase):
         self.stop(d)
         if violations:
             self.fail("; ".join(violations))
+
+    def test_failed_write_never_deletes_a_pinned_copy(self):
+        # A PUT waits for its fsync; a pipelined prefetch pins the new copy;
+        # the fsync fails. Undoing the PUT would delete a pinned copy, which
+        # only a forced delete may do (SPEC §2): the PUT keeps its change,
+        # is answered 200, and its change is journaled once the disk is back.
+        dd = self.new_dir()
+        d = self.start(dd, daemon_cls=XfszDaemon)
+        self.wait_ready(d)
+        self.put(d, [key(0, "pinundo")], "l2", size=5)
+        k = key(1, "pinundo")
+        j = newest_journal(dd)
+        pid = d.proc.pid
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (os.path.getsize(j), resource.RLIM_INFINITY))
+        try:
+            c = Conn(d)
+            self.addCleanup(c.close)
+            reqs = [build_request("PUT", "/v1/keys", {"tier": "l1", "entries": [
+                        {"key": k, "size_bytes": 10}]}),
+                    build_request("POST", "/v1/prefetches", {"keys": [k], "lease_ms": 600000})]
+            c.send(b"".join(reqs))
+            rs = [c.read_response() for _ in reqs]
+            self.assertEqual([r.status for r in rs], [200, 201], rs)
+            info = self.key_info(d, k)
+            self.assertIsNotNone(info, "the pinned copy was deleted by the undo")
+            self.assertEqual(info["l1"]["pins"], 1, info)
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_FSIZE,
+                             (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        end = time.monotonic() + 10
+        while True:
+            r = self.put_raw(d, [key(3, "pinundo")])
+            if r.status == 200 or time.monotonic() > end:
+                break
+            time.sleep(0.1)
+        self.assertEqual(r.status, 200, "writes did not resume: %r" % r)
+        self.kill9(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        info = self.key_info(d, k)
+        self.assertIsNotNone(info, "an acknowledged PUT was lost")
+        self.assertEqual(info["size_bytes"], 10, info)
+        self.stop(d)
+
+    def test_shutdown_while_journal_fails_ends(self):
+        # The journal fails with records of an undo queued behind the failed
+        # ones: SIGTERM must still end the process after a bounded number of
+        # attempts, logging that the last changes are lost.
+        dd = self.new_dir()
+        d = self.start(dd, daemon_cls=XfszDaemon)
+        self.wait_ready(d)
+        # The limit applies to the log file too: make the journal larger
+        # than the log so that the log lines still fit under it.
+        self.put(d, [key(i, "stopfail") for i in range(600)], "l2", size=5)
+        j = newest_journal(dd)
+        self.assertGreater(os.path.getsize(j), len(d.log()) + 8192)
+        resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE,
+                         (os.path.getsize(j), resource.RLIM_INFINITY))
+        r = self.put_raw(d, [key(1000, "stopfail")])
+        self.assertEqual(r.status, 503, r)
+        t0 = time.monotonic()
+        rc = d.stop(timeout=20)
+        self.assertIsNotNone(rc, "kvidxd did not exit on SIGTERM while the journal fails; log:\n"
+                             + d.log()[-3000:])
+        self.assertLess(time.monotonic() - t0, 20)
+        self.assertRegex(d.log(), r"last changes are lost")
+        # what was acknowledged before the failure is there after a restart
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, [key(i, "stopfail") for i in range(600)])
+        self.assertIsNone(self.key_info(d, key(1000, "stopfail")))
+        self.stop(d)
+
+
+# ---------------------------------------------------------------------------
+# 10. answers waiting for an fsync whose connection dies
+# ---------------------------------------------------------------------------
+class DeadClientDuringFsync(PersistenceBase):
+    base_settings = {"fsync": "always", "snapshot_journal_bytes": "1GiB"}
+
+    def test_pipelined_puts_then_reset_during_fsync(self):
+        # Two pipelined PUTs wait for the same fsync; the client half-closes
+        # and then resets. Answering the first fails (dead socket) and
+        # closes the connection, which cancels the second while the answer
+        # loop holds it. The fsync's length cannot be controlled: a second
+        # connection keeps the writer busy and the reset comes at a random
+        # moment, many times.
+        dd = self.new_dir()
+        d = self.start(dd)
+        self.wait_ready(d)
+        stop = threading.Event()
+        errors = []
+
+        def busy():
+            n = 0
+            c = None
+            while not stop.is_set():
+                try:
+                    if c is None:
+                        c = Conn(d, timeout=30)
+                    ks = [key(10000000 + n * 1000 + i, "busy") for i in range(1000)]
+                    n += 1
+                    r = c.request("PUT", "/v1/keys", {"tier": "l2", "entries": [
+                        {"key": k, "size_bytes": 7} for k in ks]})
+                    if r.status != 200:
+                        errors.append(r)
+                except OSError:
+                    if c is not None:
+                        c.close()
+                    c = None
+                    if not d.running():
+                        return
+            if c is not None:
+                c.close()
+
+        t = threading.Thread(target=busy, daemon=True)
+        t.start()
+        try:
+            for i in range(150):
+                s = socket.create_connection(d.addr, timeout=5)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                s.sendall(b"".join(
+                    build_request("PUT", key_path(key(i * 2 + j, "rst")),
+                                  {"size_bytes": 1, "tier": "l2"}) for j in range(2)))
+                s.shutdown(socket.SHUT_WR)
+                time.sleep(self.rng.uniform(0, 0.006))
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()
+                self.assertTrue(d.running(), "kvidxd died (iteration %d); log:\n%s"
+                                % (i, d.log()[-4000:]))
+        finally:
+            stop.set()
+            t.join(30)
+        self.assertEqual(errors, [])
+        self.assertEqual(d.request("GET", "/livez").status, 200, d.log()[-4000:])
+        self.put(d, [key(1, "after")])
+        self.stop(d)
+
+
+# ---------------------------------------------------------------------------
+# 11. one daemon per data_dir; stale temp files
+# ---------------------------------------------------------------------------
+class SingleInstance(PersistenceBase):
+    base_settings = {"fsync": "always"}
+
+    def test_second_daemon_on_same_dir_refuses(self):
+        dd = self.new_dir()
+        d = self.start(dd)
+        self.wait_ready(d)
+        ks = [key(i, "lock") for i in range(20)]
+        self.put(d, ks)
+        # A torn tail on the live journal: a second daemon that restored
+        # before failing would truncate it under the first one.
+        j = newest_journal(dd)
+        before = sorted(os.listdir(dd))
+        size = os.path.getsize(j)
+        second = Daemon(settings={"data_dir": dd}, start=False)
+        self.daemons.append(second)
+        second._logf = open(second.log_path, "wb")
+        second.proc = subprocess.Popen(second.command(), stdin=subprocess.DEVNULL,
+                                       stdout=second._logf, stderr=second._logf,
+                                       env=second.env)
+        rc = second.proc.wait(30)
+        self.assertNotEqual(rc, 0, second.log())
+        self.assertRegex(second.log(), r"data_dir .* is in use by another kvidxd")
+        self.assertEqual(sorted(os.listdir(dd)), before, "the second daemon changed data_dir")
+        self.assertEqual(os.path.getsize(j), size)
+        # the first one keeps working, and its keys survive its restart
+        more = [key(100 + i, "lock") for i in range(20)]
+        self.put(d, more)
+        self.stop(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, ks + more)
+        self.stop(d)
+
+    def test_stale_tmp_files_removed_at_start(self):
+        dd = self.new_dir()
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.put(d, [key(1, "tmp")])
+        self.stop(d)
+        for name in ("snapshot.tmp", "journal-00000000000000ff.kvj.tmp", "x.tmp"):
+            with open(os.path.join(dd, name), "wb") as f:
+                f.write(b"junk")
+        d = self.start(dd)
+        self.wait_ready(d)
+        left = [n for n in os.listdir(dd) if n.endswith(".tmp")]
+        self.assertEqual(left, [], listing_of(dd))
+        self.assert_present(d, [key(1, "tmp")])
+        self.stop(d)
 
 
 if __name__ == "__main__":
