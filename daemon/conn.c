@@ -246,20 +246,27 @@ static int cb_message_begin(llhttp_t *h)
     return 0;
 }
 
-static int cb_url(llhttp_t *h, const char *at, size_t n)
+/* Appends a piece of the URL or body, which llhttp may deliver in several
+ * callbacks, refusing to grow past cap (err names the limit). */
+static int append_capped(struct conn *c, struct buf *b, const char *at, size_t n, uint64_t cap,
+                         int err)
 {
-    struct conn *c = h->data;
-    struct pending *p = c->cur;
-    if (p->url.len + n > c->app->cfg.max_uri_bytes) {
-        c->err = KVIDX_EURISIZE;
+    if (b->len + n > cap) {
+        c->err = err;
         return -1;
     }
-    buf_append(&p->url, at, n);
-    if (p->url.failed) {
+    buf_append(b, at, n);
+    if (b->failed) {
         c->err = KVIDX_ENOMEM;
         return -1;
     }
     return 0;
+}
+
+static int cb_url(llhttp_t *h, const char *at, size_t n)
+{
+    struct conn *c = h->data;
+    return append_capped(c, &c->cur->url, at, n, c->app->cfg.max_uri_bytes, KVIDX_EURISIZE);
 }
 
 static int count_header(struct conn *c, size_t n)
@@ -389,17 +396,7 @@ static int cb_headers_complete(llhttp_t *h)
 static int cb_body(llhttp_t *h, const char *at, size_t n)
 {
     struct conn *c = h->data;
-    struct pending *p = c->cur;
-    if (p->body.len + n > c->app->cfg.max_body_bytes) {
-        c->err = KVIDX_EBODYSIZE;
-        return -1;
-    }
-    buf_append(&p->body, at, n);
-    if (p->body.failed) {
-        c->err = KVIDX_ENOMEM;
-        return -1;
-    }
-    return 0;
+    return append_capped(c, &c->cur->body, at, n, c->app->cfg.max_body_bytes, KVIDX_EBODYSIZE);
 }
 
 static void finish_request(struct pending *p, llhttp_t *h)

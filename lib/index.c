@@ -800,6 +800,20 @@ static void inner_insert(kvidx_index_t *idx, ns_t *ns, inner_t **path, uint32_t 
     }
 }
 
+/* Walks from the root to the leaf where t belongs, recording the inner
+ * nodes passed and the child index taken at each depth. */
+static leaf_t *tree_descend(const ns_t *ns, const tkey_t *t, inner_t **path, uint32_t *pidx)
+{
+    void *node = ns->root;
+    for (uint32_t d = 0; d < ns->height; d++) {
+        inner_t *in = node;
+        path[d] = in;
+        pidx[d] = inner_pick(in, t);
+        node = in->child[pidx[d]];
+    }
+    return node;
+}
+
 /* Inserts ref (whose record holds key t, absent from the tree);
  * tree_prepare must have succeeded. */
 static void tree_insert(kvidx_index_t *idx, ns_t *ns, const tkey_t *t, kvidx_ref_t ref)
@@ -816,14 +830,7 @@ static void tree_insert(kvidx_index_t *idx, ns_t *ns, const tkey_t *t, kvidx_ref
     }
     inner_t *path[MAXH];
     uint32_t pidx[MAXH];
-    void *node = ns->root;
-    for (uint32_t d = 0; d < ns->height; d++) {
-        inner_t *in = node;
-        path[d] = in;
-        pidx[d] = inner_pick(in, t);
-        node = in->child[pidx[d]];
-    }
-    leaf_t *l = node;
+    leaf_t *l = tree_descend(ns, t, path, pidx);
     uint32_t pos = leaf_pos(idx, l, t, 0);
     if (l->n < LEAF_CAP) {
         memmove(&l->refs[pos + 1], &l->refs[pos], (l->n - pos) * sizeof(uint32_t));
@@ -874,14 +881,7 @@ static void tree_remove(kvidx_index_t *idx, ns_t *ns, const tkey_t *t, kvidx_ref
 {
     inner_t *path[MAXH];
     uint32_t pidx[MAXH];
-    void *node = ns->root;
-    for (uint32_t d = 0; d < ns->height; d++) {
-        inner_t *in = node;
-        path[d] = in;
-        pidx[d] = inner_pick(in, t);
-        node = in->child[pidx[d]];
-    }
-    leaf_t *l = node;
+    leaf_t *l = tree_descend(ns, t, path, pidx);
     uint32_t pos = leaf_pos(idx, l, t, 0);
     (void)ref; /* keys are unique: the ref at pos is this one */
     memmove(&l->refs[pos], &l->refs[pos + 1], (l->n - pos - 1) * sizeof(uint32_t));
