@@ -960,6 +960,26 @@ class StorageUnavailable(PersistenceBase):
         return d.request("PUT", "/v1/keys", {"tier": tier, "entries": [
             {"key": k, "size_bytes": size} for k in ks]})
 
+    def test_file_size_limit_answers_503_not_a_crash(self):
+        # The daemon itself ignores SIGXFSZ (no wrapper here): a journal
+        # write past RLIMIT_FSIZE fails with EFBIG and answers 503.
+        dd = self.new_dir()
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.put(d, [key(1, "xfsz")], "l2", size=5)
+        pid = d.proc.pid
+        resource.prlimit(pid, resource.RLIMIT_FSIZE,
+                         (os.path.getsize(newest_journal(dd)), resource.RLIM_INFINITY))
+        try:
+            r = self.put_raw(d, [key(2, "xfsz")])
+            self.assertEqual(r.status, 503, r)
+            self.assertEqual(r.json()["code"], "storage_unavailable")
+            self.assertIsNone(d.proc.poll(), "SIGXFSZ must not kill the daemon")
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_FSIZE,
+                             (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        self.stop(d)
+
     def test_pipelined_writes_to_one_key_fail_cleanly(self):
         # Several writes to the same key in one loop turn, all failing: each
         # answers 503 and the key ends exactly as before the first one.
