@@ -441,6 +441,22 @@ static void render_process(const struct metrics *m, struct buf *out)
     }
 }
 
+/* One unlabelled sample with its HELP and TYPE lines. */
+static void single(struct buf *out, const char *name, const char *type, const char *help,
+                   uint64_t v)
+{
+    family(out, name, type, help);
+    sample_u64(out, name, v);
+}
+
+/* A gauge with one sample per tier. */
+static void per_tier(struct buf *out, const char *name, const char *help, uint64_t l1, uint64_t l2)
+{
+    family(out, name, "gauge", help);
+    buf_printf(out, "%s{tier=\"l1\"} %llu\n%s{tier=\"l2\"} %llu\n", name, (unsigned long long)l1,
+               name, (unsigned long long)l2);
+}
+
 /* State read from the app rather than counted here. */
 static void render_app(const struct app *app, struct buf *out)
 {
@@ -451,43 +467,33 @@ static void render_app(const struct app *app, struct buf *out)
         return;
     kvidx_index_stats_t st;
     kvidx_index_stats(app->keystore->idx, &st);
-    family(out, "kvidx_keys", "gauge", "Keys known, by tier (a key may be in both).");
-    buf_printf(out, "kvidx_keys{tier=\"l1\"} %llu\nkvidx_keys{tier=\"l2\"} %llu\n",
-               (unsigned long long)st.l1_keys, (unsigned long long)st.l2_keys);
-    family(out, "kvidx_keys_distinct", "gauge", "Distinct keys known in any tier.");
-    sample_u64(out, "kvidx_keys_distinct", st.keys);
-    family(out, "kvidx_bytes", "gauge", "Bytes of the objects named by keys, by tier.");
-    buf_printf(out, "kvidx_bytes{tier=\"l1\"} %llu\nkvidx_bytes{tier=\"l2\"} %llu\n",
-               (unsigned long long)st.l1_bytes, (unsigned long long)st.l2_bytes);
-    family(out, "kvidx_capacity_bytes", "gauge", "Configured capacity by tier (0 = unbounded).");
-    buf_printf(out,
-               "kvidx_capacity_bytes{tier=\"l1\"} %llu\nkvidx_capacity_bytes{tier=\"l2\"} %llu\n",
-               (unsigned long long)st.l1_capacity_bytes, (unsigned long long)st.l2_capacity_bytes);
-    family(out, "kvidx_l1_loading", "gauge", "L1 copies reserved by a load in progress.");
-    sample_u64(out, "kvidx_l1_loading", st.l1_loading);
-    family(out, "kvidx_l1_pinned", "gauge", "L1 copies with at least one pin.");
-    sample_u64(out, "kvidx_l1_pinned", st.l1_pinned);
-    family(out, "kvidx_pins", "gauge", "Pins (read locks) held on L1 copies.");
-    sample_u64(out, "kvidx_pins", st.l1_pins);
-    family(out, "kvidx_evictions_total", "counter", "L1 copies evicted to make room.");
-    sample_u64(out, "kvidx_evictions_total", st.evictions);
-    family(out, "kvidx_namespaces", "gauge", "Distinct (cache_salt, model_name) pairs.");
-    sample_u64(out, "kvidx_namespaces", st.namespaces);
+    per_tier(out, "kvidx_keys", "Keys known, by tier (a key may be in both).", st.l1_keys,
+             st.l2_keys);
+    single(out, "kvidx_keys_distinct", "gauge", "Distinct keys known in any tier.", st.keys);
+    per_tier(out, "kvidx_bytes", "Bytes of the objects named by keys, by tier.", st.l1_bytes,
+             st.l2_bytes);
+    per_tier(out, "kvidx_capacity_bytes", "Configured capacity by tier (0 = unbounded).",
+             st.l1_capacity_bytes, st.l2_capacity_bytes);
+    single(out, "kvidx_l1_loading", "gauge", "L1 copies reserved by a load in progress.",
+           st.l1_loading);
+    single(out, "kvidx_l1_pinned", "gauge", "L1 copies with at least one pin.", st.l1_pinned);
+    single(out, "kvidx_pins", "gauge", "Pins (read locks) held on L1 copies.", st.l1_pins);
+    single(out, "kvidx_evictions_total", "counter", "L1 copies evicted to make room.",
+           st.evictions);
+    single(out, "kvidx_namespaces", "gauge", "Distinct (cache_salt, model_name) pairs.",
+           st.namespaces);
 
     if (!app->prefetches)
         return;
     struct prefetches_stats ps;
     prefetches_stats(app, &ps);
-    family(out, "kvidx_prefetch_handles", "gauge", "Prefetch handles that exist (any status).");
-    sample_u64(out, "kvidx_prefetch_handles", ps.handles);
-    family(out, "kvidx_prefetch_handles_pending", "gauge", "Prefetch handles waiting for loads.");
-    sample_u64(out, "kvidx_prefetch_handles_pending", ps.handles_pending);
-    family(out, "kvidx_prefetch_pins", "gauge", "Pins held by prefetch handles.");
-    sample_u64(out, "kvidx_prefetch_pins", ps.pins);
-    family(out, "kvidx_loads_in_flight", "gauge", "L2 to L1 loads in flight.");
-    sample_u64(out, "kvidx_loads_in_flight", ps.loads);
-    family(out, "kvidx_load_tasks", "gauge", "External-loader tasks not finished.");
-    sample_u64(out, "kvidx_load_tasks", ps.tasks);
+    single(out, "kvidx_prefetch_handles", "gauge", "Prefetch handles that exist (any status).",
+           ps.handles);
+    single(out, "kvidx_prefetch_handles_pending", "gauge", "Prefetch handles waiting for loads.",
+           ps.handles_pending);
+    single(out, "kvidx_prefetch_pins", "gauge", "Pins held by prefetch handles.", ps.pins);
+    single(out, "kvidx_loads_in_flight", "gauge", "L2 to L1 loads in flight.", ps.loads);
+    single(out, "kvidx_load_tasks", "gauge", "External-loader tasks not finished.", ps.tasks);
 }
 
 void metrics_render(struct metrics *m, const struct app *app, struct buf *out)
