@@ -102,6 +102,8 @@ timeout 300 "$B/bench_persist" "$INDEX_KEYS" | tee "$TMP/persist.txt" || echo "b
 awk 'NF >= 2 && $2 ~ /^[0-9.]+$/ { printf "%-44s %16s  %s\n", "persist: " $1, $2, $3 }' "$TMP/persist.txt" >>"$SUMMARY"
 
 # ---------------------------------------------------------------- 2. GET vs nginx
+rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null; }
+
 start_kvidxd() { # -> KPORT, KPID
     KPORT=$(free_port 1)
     $SRV "$B/kvidxd" --set listen=127.0.0.1:"$KPORT" --set log_level=warn >"$TMP/kvidxd.$KPORT.log" 2>&1 &
@@ -206,6 +208,7 @@ stop_pid "$KPID"
 # ---------------------------------------------------------------- 3. PUT batches
 say "PUT /v1/keys: $PUT_BATCHES batches of 1000 new keys, one keep-alive connection (C client)"
 start_kvidxd
+RSS0=$(rss_kb "$KPID")
 $CLI timeout 300 "$B/bench_http" put "$KPORT" "$PUT_BATCHES" 0 | tee "$TMP/put.txt"
 row "PUT batch1000 over HTTP" "$(val put_keys_per_s "$TMP/put.txt")" "keys/s (server time incl. loopback)"
 row "PUT batch1000 incl. client encoding" "$(val put_keys_per_s_incl_client_encode "$TMP/put.txt")" "keys/s"
@@ -217,6 +220,10 @@ LB=$((LIST_KEYS / 1000))
 REST=$((LB - PUT_BATCHES))
 say "listing: load N=$LIST_KEYS keys (remaining $REST batches), then GET /v1/keys?page_size=1000 to the end"
 [ "$REST" -gt 0 ] && $CLI timeout 400 "$B/bench_http" put "$KPORT" "$REST" "$PUT_BATCHES" >/dev/null
+RSS1=$(rss_kb "$KPID")
+row "daemon: RSS per key after HTTP load of $LIST_KEYS" \
+    "$(awk -v a="$RSS0" -v b="$RSS1" -v n="$LIST_KEYS" 'BEGIN { if (a == "" || b == "") print "n/a"; else printf "%.1f", (b - a) * 1024 / n }')" \
+    "bytes/key (VmRSS growth of kvidxd; 32-byte hashes)"
 kl=""; i=0
 while [ $i -lt "$REPS" ]; do
     $CLI timeout 300 "$B/bench_http" list "$KPORT" $((LB + 10)) | tee "$TMP/list.txt"
