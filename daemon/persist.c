@@ -487,20 +487,47 @@ static void append_rec(struct persist *p, const kvidx_jrec_t *r)
 }
 
 /* Encodes a KEY record of key in state *st at the end of b. 0 or -1. */
+/* The record "key is now in state st". */
+static void key_rec(kvidx_jrec_t *r, const kvidx_key_t *key, const kvidx_durable_t *st)
+{
+    memset(r, 0, sizeof(*r));
+    r->type = KVIDX_JREC_KEY;
+    r->key = *key;
+    r->size_bytes = st->size_bytes;
+    r->tiers = (uint8_t)st->tiers;
+}
+
+/* The record "layout (model, world_size) is json", or "is gone" when json
+ * is NULL. */
+static void layout_rec(kvidx_jrec_t *r, const char *model, size_t model_len, uint8_t world_size,
+                       const char *json, size_t json_len)
+{
+    memset(r, 0, sizeof(*r));
+    r->type = json ? KVIDX_JREC_LAYOUT_PUT : KVIDX_JREC_LAYOUT_DEL;
+    r->key.model = model;
+    r->key.model_len = (uint16_t)model_len;
+    r->world_size = world_size;
+    r->blob = (const uint8_t *)json;
+    r->blob_len = json ? json_len : 0;
+}
+
+/* Appends one encoded record to b. 0, or -1 when it cannot be encoded or
+ * the buffer cannot grow. */
+static int encode_rec(struct buf *b, const kvidx_jrec_t *r)
+{
+    size_t n = kvidx_jrec_size(r), len = 0;
+    if (!n || buf_reserve(b, n) != 0)
+        return -1;
+    kvidx_jrec_encode(r, (uint8_t *)b->data + b->len, n, &len);
+    b->len += len;
+    return 0;
+}
+
 static int encode_state(struct buf *b, const kvidx_key_t *key, const kvidx_durable_t *st)
 {
     kvidx_jrec_t r;
-    memset(&r, 0, sizeof(r));
-    r.type = KVIDX_JREC_KEY;
-    r.key = *key;
-    r.size_bytes = st->size_bytes;
-    r.tiers = (uint8_t)st->tiers;
-    size_t n = kvidx_jrec_size(&r), len = 0;
-    if (!n || buf_reserve(b, n) != 0)
-        return -1;
-    kvidx_jrec_encode(&r, (uint8_t *)b->data + b->len, n, &len);
-    b->len += len;
-    return 0;
+    key_rec(&r, key, st);
+    return encode_rec(b, &r);
 }
 
 static void on_change(void *ctx, const kvidx_key_t *key, const kvidx_durable_t *before,
@@ -508,11 +535,7 @@ static void on_change(void *ctx, const kvidx_key_t *key, const kvidx_durable_t *
 {
     struct persist *p = ctx;
     kvidx_jrec_t r;
-    memset(&r, 0, sizeof(r));
-    r.type = KVIDX_JREC_KEY;
-    r.key = *key;
-    r.size_bytes = after->size_bytes;
-    r.tiers = (uint8_t)after->tiers;
+    key_rec(&r, key, after);
     append_rec(p, &r);
     if (p->capturing && encode_state(&p->capture, key, before) != 0)
         p->capturing = -1; /* cannot undo this request: it is never deferred */
@@ -524,13 +547,7 @@ void persist_layout_put(struct app *app, const char *model, size_t model_len, ui
     if (!app->persist)
         return;
     kvidx_jrec_t r;
-    memset(&r, 0, sizeof(r));
-    r.type = KVIDX_JREC_LAYOUT_PUT;
-    r.key.model = model;
-    r.key.model_len = (uint16_t)model_len;
-    r.world_size = world_size;
-    r.blob = (const uint8_t *)json;
-    r.blob_len = json_len;
+    layout_rec(&r, model, model_len, world_size, json, json_len);
     append_rec(app->persist, &r);
 }
 
@@ -541,20 +558,9 @@ void persist_layout_before(struct app *app, const char *model, size_t model_len,
     if (!p || p->capturing <= 0)
         return;
     kvidx_jrec_t r;
-    memset(&r, 0, sizeof(r));
-    r.type = old_json ? KVIDX_JREC_LAYOUT_PUT : KVIDX_JREC_LAYOUT_DEL;
-    r.key.model = model;
-    r.key.model_len = (uint16_t)model_len;
-    r.world_size = world_size;
-    r.blob = (const uint8_t *)old_json;
-    r.blob_len = old_json ? strlen(old_json) : 0;
-    size_t n = kvidx_jrec_size(&r), len = 0;
-    if (!n || buf_reserve(&p->capture, n) != 0) {
+    layout_rec(&r, model, model_len, world_size, old_json, old_json ? strlen(old_json) : 0);
+    if (encode_rec(&p->capture, &r) != 0)
         p->capturing = -1;
-        return;
-    }
-    kvidx_jrec_encode(&r, (uint8_t *)p->capture.data + p->capture.len, n, &len);
-    p->capture.len += len;
 }
 
 void persist_layout_del(struct app *app, const char *model, size_t model_len, uint8_t world_size)
@@ -562,11 +568,7 @@ void persist_layout_del(struct app *app, const char *model, size_t model_len, ui
     if (!app->persist)
         return;
     kvidx_jrec_t r;
-    memset(&r, 0, sizeof(r));
-    r.type = KVIDX_JREC_LAYOUT_DEL;
-    r.key.model = model;
-    r.key.model_len = (uint16_t)model_len;
-    r.world_size = world_size;
+    layout_rec(&r, model, model_len, world_size, NULL, 0);
     append_rec(app->persist, &r);
 }
 
