@@ -8,6 +8,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 static kvidx_allocator_t alloc_hook;
 
@@ -51,4 +54,20 @@ void kvidx_free(void *ptr)
         alloc_hook.free(alloc_hook.ctx, ptr);
     else
         free(ptr);
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+void *kvidx_malloc_large(size_t size)
+{
+    if (alloc_hook.malloc || size < HUGE_PAGE || size > SIZE_MAX - HUGE_PAGE)
+        return kvidx_malloc(size);
+    size_t rounded = (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    void *p = aligned_alloc(HUGE_PAGE, rounded);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    /* A memory hint, not I/O; refused (EINVAL) where THP is off. */
+    if (p)
+        (void)madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+    return p;
 }

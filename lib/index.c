@@ -98,6 +98,8 @@ static int bytes_cmp(const void *a, size_t an, const void *b, size_t bn)
 typedef struct slab {
     uint8_t **chunks;
     uint32_t nchunks, chunks_cap;
+    uint8_t **blocks; /* chunks are carved from a few large blocks */
+    uint32_t nblocks, blocks_cap;
     uint32_t used;      /* slots handed out by bumping */
     uint32_t free_head; /* SLOT_NONE when empty */
     uint32_t nfree;
@@ -285,32 +287,52 @@ static int ref_live(const kvidx_index_t *idx, kvidx_ref_t ref)
     return rec_ns(rec_at(idx, ref)) != NS_FREE;
 }
 
-/* Makes sure k more records of class cls can be taken without allocating. */
+/* Grows an array of pointers to hold want entries. */
+static int ptrs_reserve(uint8_t ***a, uint32_t *cap, uint32_t want)
+{
+    if (want <= *cap)
+        return 0;
+    uint32_t c = *cap ? *cap : 16;
+    while (c < want)
+        c *= 2;
+    uint8_t **n = kvidx_realloc(*a, (size_t)c * sizeof(*n));
+    if (!n)
+        return KVIDX_ENOMEM;
+    *a = n;
+    *cap = c;
+    return 0;
+}
+
+/* Makes sure k more records of class cls can be taken without allocating.
+ * Chunks come in blocks that double with the slab (up to 64 chunks, 4-11
+ * MiB), so a big index is a few hundred huge-page-backed blocks instead of
+ * thousands of small mappings. */
 static int slab_reserve(slab_t *s, uint64_t k)
 {
     uint64_t room = (uint64_t)s->nchunks * CHUNK_RECS - s->used + s->nfree;
     if (room >= k)
         return 0;
-    uint64_t need_chunks = (k - room + CHUNK_RECS - 1) / CHUNK_RECS;
-    if ((uint64_t)s->nchunks + need_chunks > (SLOT_MASK >> CHUNK_SHIFT))
+    uint64_t need = (k - room + CHUNK_RECS - 1) / CHUNK_RECS;
+    uint64_t limit = SLOT_MASK >> CHUNK_SHIFT;
+    if ((uint64_t)s->nchunks + need > limit)
         return KVIDX_ECAPACITY; /* 2^29 - 1 keys of one hash-length class */
-    uint32_t want = s->nchunks + (uint32_t)need_chunks;
-    if (want > s->chunks_cap) {
-        uint32_t cap = s->chunks_cap ? s->chunks_cap : 16;
-        while (cap < want)
-            cap *= 2;
-        uint8_t **c = kvidx_realloc(s->chunks, (size_t)cap * sizeof(*c));
-        if (!c)
-            return KVIDX_ENOMEM;
-        s->chunks = c;
-        s->chunks_cap = cap;
+    uint64_t grow = s->nchunks < 64 ? s->nchunks : 64;
+    if (grow < need || s->nchunks + grow > limit)
+        grow = need;
+    if (ptrs_reserve(&s->chunks, &s->chunks_cap, s->nchunks + (uint32_t)grow) ||
+        ptrs_reserve(&s->blocks, &s->blocks_cap, s->nblocks + 1))
+        return KVIDX_ENOMEM;
+    size_t chunk_bytes = (size_t)CHUNK_RECS * s->rec_size;
+    uint8_t *block = kvidx_malloc_large((size_t)grow * chunk_bytes);
+    if (!block && grow > need) {
+        grow = need;
+        block = kvidx_malloc_large((size_t)grow * chunk_bytes);
     }
-    while (s->nchunks < want) {
-        uint8_t *chunk = kvidx_malloc((size_t)CHUNK_RECS * s->rec_size);
-        if (!chunk)
-            return KVIDX_ENOMEM; /* chunks already added stay as spare room */
-        s->chunks[s->nchunks++] = chunk;
-    }
+    if (!block)
+        return KVIDX_ENOMEM;
+    s->blocks[s->nblocks++] = block;
+    for (uint64_t i = 0; i < grow; i++)
+        s->chunks[s->nchunks++] = block + i * chunk_bytes;
     return 0;
 }
 
@@ -441,7 +463,7 @@ static int ht_reserve(kvidx_index_t *idx, size_t extra)
     }
     if (cap == idx->ht_cap)
         return 0;
-    uint32_t *t = kvidx_malloc(cap * sizeof(*t));
+    uint32_t *t = kvidx_malloc_large(cap * sizeof(*t));
     if (!t)
         return KVIDX_ENOMEM;
     memset(t, 0xff, cap * sizeof(*t));
@@ -814,24 +836,11 @@ static leaf_t *tree_descend(const ns_t *ns, const tkey_t *t, inner_t **path, uin
     return node;
 }
 
-/* Inserts ref (whose record holds key t, absent from the tree);
- * tree_prepare must have succeeded. */
-static void tree_insert(kvidx_index_t *idx, ns_t *ns, const tkey_t *t, kvidx_ref_t ref)
+/* Inserts ref at position pos of leaf l, reached by path/pidx; splits
+ * upward as needed. tree_prepare must have succeeded. */
+static void tree_insert_at(kvidx_index_t *idx, ns_t *ns, inner_t **path, uint32_t *pidx, leaf_t *l,
+                           uint32_t pos, kvidx_ref_t ref)
 {
-    if (!ns->root) {
-        leaf_t *l = take_leaf(idx);
-        l->prev = l->next = NULL;
-        l->n = 1;
-        l->refs[0] = ref;
-        ns->root = l;
-        ns->height = 0;
-        ns->first = l;
-        return;
-    }
-    inner_t *path[MAXH];
-    uint32_t pidx[MAXH];
-    leaf_t *l = tree_descend(ns, t, path, pidx);
-    uint32_t pos = leaf_pos(idx, l, t, 0);
     if (l->n < LEAF_CAP) {
         memmove(&l->refs[pos + 1], &l->refs[pos], (l->n - pos) * sizeof(uint32_t));
         l->refs[pos] = ref;
@@ -873,6 +882,76 @@ static void tree_insert(kvidx_index_t *idx, ns_t *ns, const tkey_t *t, kvidx_ref
         return;
     }
     inner_insert(idx, ns, path, pidx, (int)ns->height - 1, &sep, r);
+}
+
+/* Makes ref the only key of an empty tree. */
+static void tree_start(kvidx_index_t *idx, ns_t *ns, kvidx_ref_t ref)
+{
+    leaf_t *l = take_leaf(idx);
+    l->prev = l->next = NULL;
+    l->n = 1;
+    l->refs[0] = ref;
+    ns->root = l;
+    ns->height = 0;
+    ns->first = l;
+}
+
+/* Inserts ref (whose record holds key t, absent from the tree);
+ * tree_prepare must have succeeded. */
+static void tree_insert(kvidx_index_t *idx, ns_t *ns, const tkey_t *t, kvidx_ref_t ref)
+{
+    if (!ns->root) {
+        tree_start(idx, ns, ref);
+        return;
+    }
+    inner_t *path[MAXH];
+    uint32_t pidx[MAXH];
+    leaf_t *l = tree_descend(ns, t, path, pidx);
+    tree_insert_at(idx, ns, path, pidx, l, leaf_pos(idx, l, t, 0), ref);
+}
+
+/* The last leaf of a non-empty tree, with the path to it. */
+static leaf_t *tree_rightmost(const ns_t *ns, inner_t **path, uint32_t *pidx)
+{
+    void *node = ns->root;
+    for (uint32_t d = 0; d < ns->height; d++) {
+        inner_t *in = node;
+        path[d] = in;
+        pidx[d] = in->n - 1;
+        node = in->child[in->n - 1];
+    }
+    return node;
+}
+
+/* 1 if t is greater than every key of the tree (or it is empty): then
+ * tree_append inserts it with no descent, and it is known to be absent.
+ * Sorted input, such as a snapshot being restored, takes that path for
+ * every key: one comparison instead of a search and a descent. */
+static int tree_after_last(const kvidx_index_t *idx, const ns_t *ns, const tkey_t *t)
+{
+    if (!ns->root)
+        return 1;
+    const void *node = ns->root;
+    for (uint32_t d = 0; d < ns->height; d++) {
+        const inner_t *in = node;
+        node = in->child[in->n - 1];
+    }
+    const leaf_t *l = node;
+    return tk_cmp_rec(t, rec_at(idx, l->refs[l->n - 1])) > 0;
+}
+
+/* Inserts ref as the new last key; tree_after_last must have said so and
+ * tree_prepare must have succeeded. */
+static void tree_append(kvidx_index_t *idx, ns_t *ns, kvidx_ref_t ref)
+{
+    if (!ns->root) {
+        tree_start(idx, ns, ref);
+        return;
+    }
+    inner_t *path[MAXH];
+    uint32_t pidx[MAXH];
+    leaf_t *l = tree_rightmost(ns, path, pidx);
+    tree_insert_at(idx, ns, path, pidx, l, l->n, ref);
 }
 
 /* Removes ref (key t) from the tree. Empty nodes are freed and a root with
@@ -1219,8 +1298,9 @@ void kvidx_index_free(kvidx_index_t *idx)
     for (size_t i = 0; i < idx->nstrs; i++)
         kvidx_free(idx->strs[i]);
     for (unsigned c = 0; c < NCLASS; c++) {
-        for (uint32_t i = 0; i < idx->slabs[c].nchunks; i++)
-            kvidx_free(idx->slabs[c].chunks[i]);
+        for (uint32_t i = 0; i < idx->slabs[c].nblocks; i++)
+            kvidx_free(idx->slabs[c].blocks[i]);
+        kvidx_free(idx->slabs[c].blocks);
         kvidx_free(idx->slabs[c].chunks);
     }
     kvidx_free(idx->spare_leaf);
@@ -1689,6 +1769,36 @@ fail:
 
 /* ---- bulk load ---- */
 
+#define LOAD_PEND 65536 /* table inserts deferred at once by a bulk load */
+
+/* Inserts n refs known to be absent, each given as home slot << 32 | ref,
+ * in slot order (a counting sort on the slot's top bits into tmp): the
+ * table is then swept once instead of probed at random. */
+static void ht_insert_sorted(kvidx_index_t *idx, const uint64_t *pend, size_t n, uint64_t *tmp)
+{
+    enum { BITS = 12 };
+    uint32_t count[(1u << BITS) + 1];
+    unsigned lg = 0;
+    while (((size_t)1 << lg) < idx->ht_cap)
+        lg++;
+    unsigned shift = 32 + (lg > BITS ? lg - BITS : 0);
+    memset(count, 0, sizeof(count));
+    for (size_t i = 0; i < n; i++)
+        count[(pend[i] >> shift) + 1]++;
+    for (uint32_t b = 1; b <= (1u << BITS); b++)
+        count[b] += count[b - 1];
+    for (size_t i = 0; i < n; i++)
+        tmp[count[pend[i] >> shift]++] = pend[i];
+    size_t mask = idx->ht_cap - 1;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = (size_t)(tmp[i] >> 32);
+        while (idx->ht[j] != KVIDX_REF_NONE)
+            j = (j + 1) & mask;
+        idx->ht[j] = (uint32_t)tmp[i];
+    }
+    idx->ht_count += n;
+}
+
 int kvidx_index_load(kvidx_index_t *idx, const kvidx_load_t *items, size_t n, size_t *bad_index)
 {
     if (n == 0)
@@ -1720,10 +1830,14 @@ int kvidx_index_load(kvidx_index_t *idx, const kvidx_load_t *items, size_t n, si
     if (rc)
         return rc;
 
-    /* Hashes are computed a few items ahead and their table slots
-     * prefetched: the probe is the one cache miss a new key costs. */
-    enum { AHEAD = 8 };
-    uint64_t hs[AHEAD];
+    /* Table inserts are deferred and made in slot order (ht_insert_sorted):
+     * a random probe per key into a table of hundreds of MB is the largest
+     * cost of a restore otherwise. */
+    uint64_t *pend;
+    size_t npend = 0;
+    rc = scratch_get(idx, 2 * LOAD_PEND * sizeof(uint64_t), (void **)&pend);
+    if (rc)
+        return rc;
     ns_t *ns = NULL;
     for (size_t i = 0; i < n; i++) {
         const kvidx_load_t *it = &items[i];
@@ -1737,37 +1851,23 @@ int kvidx_index_load(kvidx_index_t *idx, const kvidx_load_t *items, size_t n, si
             rc = ns_get(idx, k, &ns);
             if (rc)
                 goto fail;
-            /* Restart the pipeline in the new namespace. */
-            for (size_t j = i; j < n && j < i + AHEAD; j++) {
-                const kvidx_key_t *kj = &items[j].key;
-                tkey_t tj = {kj->kv_rank, kj->group, kj->hash_len, kj->hash};
-                hs[j % AHEAD] = tk_hash(idx, ns->id, &tj);
-                PREFETCH(&idx->ht[hs[j % AHEAD] & (idx->ht_cap - 1)]);
-            }
         }
-        uint64_t h = hs[i % AHEAD];
-        if (i + AHEAD < n) {
-            const kvidx_key_t *kj = &items[i + AHEAD].key;
-            if ((kj->model == k->model && kj->salt == k->salt && kj->model_len == k->model_len &&
-                 kj->salt_len == k->salt_len) ||
-                ns_cmp(ns, kj->salt, kj->salt_len, kj->model, kj->model_len) == 0) {
-                tkey_t tj = {kj->kv_rank, kj->group, kj->hash_len, kj->hash};
-                hs[(i + AHEAD) % AHEAD] = tk_hash(idx, ns->id, &tj);
-                PREFETCH(&idx->ht[hs[(i + AHEAD) % AHEAD] & (idx->ht_cap - 1)]);
-            }
-        }
-        /* Presence is checked in the tree, not the hash table: for input in
-         * key order the tree's right edge is in cache, while a table probe
-         * would read a random record for every occupied slot it passes. */
+        /* Presence is checked in the tree, not the hash table: input in key
+         * order (a snapshot) is past the tree's last key, one comparison,
+         * while a table probe would read a random record for every
+         * occupied slot it passes. */
         tkey_t t = {k->kv_rank, k->group, k->hash_len, k->hash};
-        cursor_t cur;
-        tree_seek(idx, ns, &t, 0, &cur);
-        if (cur.leaf && cur.pos < cur.leaf->n &&
-            tk_cmp_rec(&t, rec_at(idx, cur.leaf->refs[cur.pos])) == 0) {
-            if (bad_index)
-                *bad_index = i;
-            rc = KVIDX_ECONFLICT;
-            goto fail;
+        int append = tree_after_last(idx, ns, &t);
+        if (!append) {
+            cursor_t cur;
+            tree_seek(idx, ns, &t, 0, &cur);
+            if (cur.leaf && cur.pos < cur.leaf->n &&
+                tk_cmp_rec(&t, rec_at(idx, cur.leaf->refs[cur.pos])) == 0) {
+                if (bad_index)
+                    *bad_index = i;
+                rc = KVIDX_ECONFLICT;
+                goto fail;
+            }
         }
         rc = tree_prepare(idx, ns);
         if (rc)
@@ -1781,9 +1881,22 @@ int kvidx_index_load(kvidx_index_t *idx, const kvidx_load_t *items, size_t n, si
         r[14] = k->hash_len;
         rec_set_size(r, it->size_bytes);
         memcpy(r + REC_HDR, k->hash, k->hash_len);
-        tkey_t rt = rec_tkey(r);
-        tree_insert(idx, ns, &rt, ref);
-        ht_insert(idx, ref, h);
+        if (append) {
+            tree_append(idx, ns, ref);
+        } else {
+            tkey_t rt = rec_tkey(r);
+            tree_insert(idx, ns, &rt, ref);
+        }
+        uint64_t h = tk_hash(idx, ns->id, &t);
+        if (idx->ht_cap > (size_t)UINT32_MAX + 1) {
+            ht_insert(idx, ref, h); /* slots no longer fit the packing */
+        } else {
+            if (npend == LOAD_PEND) {
+                ht_insert_sorted(idx, pend, npend, pend + LOAD_PEND);
+                npend = 0;
+            }
+            pend[npend++] = (h & (idx->ht_cap - 1)) << 32 | ref;
+        }
         ns->nkeys++;
         idx->c.keys++;
         if (it->tiers & KVIDX_DURABLE_L2) {
@@ -1794,9 +1907,11 @@ int kvidx_index_load(kvidx_index_t *idx, const kvidx_load_t *items, size_t n, si
         if (it->tiers & KVIDX_DURABLE_L1)
             lru_push(idx, l1_create(idx, ref, KVIDX_L1_READY, 0), it->size_bytes);
     }
+    ht_insert_sorted(idx, pend, npend, pend + LOAD_PEND);
     evict_to_fit(idx);
     return 0;
 fail:
+    ht_insert_sorted(idx, pend, npend, pend + LOAD_PEND);
     if (ns)
         ns_drop_if_empty(idx, ns);
     evict_to_fit(idx);

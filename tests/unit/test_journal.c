@@ -390,3 +390,97 @@ Test(index_load, same_state_as_stores_and_refuses_duplicates)
     kvidx_index_free(a);
     kvidx_index_free(b);
 }
+
+static int load_cmp(const void *a, const void *b)
+{
+    return kvidx_key_cmp(&((const kvidx_load_t *)a)->key, &((const kvidx_load_t *)b)->key);
+}
+
+/* More keys than the loader defers table inserts for (65,536), in one
+ * call, partly in key order (appended along the tree's right edge) and
+ * partly shuffled (searched and inserted): every key is found, the tree
+ * lists them in key order, deletes find their table slots, and a conflict
+ * half-way through a batch leaves the keys before it findable. */
+Test(index_load, large_batches_in_and_out_of_order)
+{
+    kvidx_index_opts_t o;
+    memset(&o, 0, sizeof(o));
+    o.has_seed = 1;
+    kvidx_index_t *a;
+    cr_assert_eq(kvidx_index_new(&o, &a), 0);
+    enum { N = 150000 };
+    static kvidx_load_t items[N];
+    for (size_t i = 0; i < N; i++) {
+        kvidx_key_t k = mk(i % 3 ? "m" : "n", "", (uint32_t)(i * 2654435761u), 0);
+        memcpy(k.hash + 4, &i, sizeof(i));
+        items[i].key = k;
+        items[i].size_bytes = 1 + i;
+        items[i].tiers = KVIDX_DURABLE_L2;
+    }
+    /* Sorted, then the second half shuffled. */
+    qsort(items, N, sizeof(items[0]), load_cmp);
+    uint64_t s = 12345;
+    for (size_t i = N - 1; i > N / 2; i--) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        size_t j = N / 2 + (size_t)(s >> 33) % (i - N / 2 + 1);
+        kvidx_load_t t = items[i];
+        items[i] = items[j];
+        items[j] = t;
+    }
+    cr_assert_eq(kvidx_index_load(a, items, N, NULL), 0);
+    for (size_t i = 0; i < N; i++) {
+        kvidx_ref_t r;
+        kvidx_entry_info_t info;
+        cr_assert_eq(kvidx_index_find(a, &items[i].key, &r), 0, "key %zu", i);
+        cr_assert_eq(kvidx_index_info(a, r, &info), 0);
+        cr_assert_eq(info.size_bytes, items[i].size_bytes);
+    }
+    /* Listed in key order. */
+    static kvidx_load_t sorted[N];
+    memcpy(sorted, items, sizeof(items));
+    qsort(sorted, N, sizeof(sorted[0]), load_cmp);
+    kvidx_list_filter_t f;
+    memset(&f, 0, sizeof(f));
+    static kvidx_ref_t refs[N];
+    size_t count = 0, examined = 0;
+    int more = 1;
+    kvidx_key_buf_t resume;
+    cr_assert_eq(kvidx_index_list(a, &f, NULL, N, 4 * N, refs, &count, &resume, &more, &examined),
+                 0);
+    cr_assert_eq(count, N);
+    for (size_t i = 0; i < N; i++) {
+        kvidx_key_t k;
+        cr_assert_eq(kvidx_index_key(a, refs[i], &k), 0);
+        cr_assert(kvidx_key_equal(&k, &sorted[i].key), "position %zu", i);
+    }
+    /* Every other key deleted: the rest are still found, those are not. */
+    for (size_t i = 0; i < N; i += 2) {
+        kvidx_del_outcome_t out;
+        cr_assert_eq(kvidx_index_delete(a, &items[i].key, KVIDX_TIER_ALL, 0, &out), 0);
+        cr_assert_eq(out, KVIDX_DEL_DELETED, "key %zu", i);
+    }
+    for (size_t i = 0; i < N; i++) {
+        kvidx_ref_t r;
+        cr_assert_eq(kvidx_index_find(a, &items[i].key, &r), i % 2 ? 0 : KVIDX_ENOTFOUND, "key %zu",
+                     i);
+    }
+    /* Reload the deleted half with one key that is still there in the
+     * middle: the keys before it are in, it and those after are not. */
+    static kvidx_load_t again[N / 2];
+    size_t na = 0;
+    for (size_t i = 0; i < N; i += 2)
+        again[na++] = items[i];
+    again[na / 2] = items[1];
+    size_t bad = 0;
+    cr_assert_eq(kvidx_index_load(a, again, na, &bad), KVIDX_ECONFLICT);
+    cr_assert_eq(bad, na / 2);
+    for (size_t i = 0; i < na; i++) {
+        kvidx_ref_t r;
+        cr_assert_eq(kvidx_index_find(a, &again[i].key, &r), i <= na / 2 ? 0 : KVIDX_ENOTFOUND,
+                     "again %zu", i);
+    }
+    kvidx_index_stats_t st;
+    kvidx_index_stats(a, &st);
+    cr_assert_eq(st.keys, N / 2 + na / 2);
+    kvidx_index_free(a);
+}
