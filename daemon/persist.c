@@ -1082,7 +1082,152 @@ static int apply_state(kvidx_index_t *idx, const kvidx_key_t *k, uint64_t size, 
     return rc;
 }
 
-#define BATCH 65536
+/* ---- snapshot restore ---- */
+
+/* The restore is a two-stage pipeline: a reader thread decodes records into
+ * batches while the calling thread loads the previous batch into the index
+ * (decoding is about a third of a restore). A layout record ends a batch,
+ * so records reach the index and the layouts in file order. */
+#define BATCH 16384
+#define NBUF  4
+
+typedef struct load_buf {
+    kvidx_load_t *items;
+    size_t n;
+    int layout; /* lrec, a layout record, follows the items */
+    kvidx_jrec_t lrec;
+} load_buf_t;
+
+typedef struct load_pipe {
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    load_buf_t buf[NBUF];
+    size_t produced, consumed; /* batches, ever */
+    int eof;                   /* no batch after `produced`; bad if < 0 */
+    int stop;                  /* the loader gave up: the reader stops */
+    kvidx_snapshot_reader_t r;
+} load_pipe_t;
+
+/* Decodes the next batch: 1 if it holds something, 0 at a clean end, <0
+ * on a malformed record or counts that do not match the trailer. */
+static int fill_batch(kvidx_snapshot_reader_t *r, load_buf_t *b)
+{
+    b->n = 0;
+    b->layout = 0;
+    kvidx_jrec_t rec;
+    while (b->n < BATCH) {
+        int got = kvidx_snapshot_next(r, &rec);
+        if (got < 0)
+            return got;
+        if (got == 0)
+            return b->n > 0;
+        if (rec.type == KVIDX_JREC_LAYOUT_PUT) {
+            b->lrec = rec;
+            b->layout = 1;
+            return 1;
+        }
+        kvidx_load_t *it = &b->items[b->n++];
+        it->key = rec.key;
+        it->size_bytes = rec.size_bytes;
+        it->tiers = rec.tiers; /* KVIDX_STATE_* == KVIDX_DURABLE_* */
+    }
+    return 1;
+}
+
+static void reader_main(void *arg)
+{
+    load_pipe_t *lp = arg;
+    uv_mutex_lock(&lp->mu);
+    for (;;) {
+        while (lp->produced - lp->consumed == NBUF && !lp->stop)
+            uv_cond_wait(&lp->cv, &lp->mu);
+        if (lp->stop)
+            break;
+        load_buf_t *b = &lp->buf[lp->produced % NBUF];
+        uv_mutex_unlock(&lp->mu);
+        int got = fill_batch(&lp->r, b);
+        uv_mutex_lock(&lp->mu);
+        if (got > 0)
+            lp->produced++;
+        else
+            lp->eof = got < 0 ? -1 : 1;
+        uv_cond_broadcast(&lp->cv);
+        if (got <= 0)
+            break;
+    }
+    uv_mutex_unlock(&lp->mu);
+}
+
+/* Puts one decoded batch into the index and the layouts. */
+static int load_batch(kvidx_index_t *idx, struct layouts *layouts, const load_buf_t *b,
+                      const char **why)
+{
+    if (b->n && kvidx_index_load(idx, b->items, b->n, NULL) != 0) {
+        *why = "the index refused a key (duplicate, capacity or a bad key)";
+        return KVIDX_EINVAL;
+    }
+    if (b->layout && layouts_restore(layouts, (const char *)b->lrec.blob, b->lrec.blob_len) != 0) {
+        *why = "a layout record does not parse";
+        return KVIDX_EINVAL;
+    }
+    return 0;
+}
+
+/* Runs the pipeline; without a reader thread (thread creation failed), the
+ * same stages alternate on this thread. */
+static int load_records(load_pipe_t *lp, kvidx_index_t *idx, struct layouts *layouts,
+                        const char **why)
+{
+    uv_thread_t th;
+    if (uv_mutex_init(&lp->mu) != 0)
+        return KVIDX_ENOMEM;
+    if (uv_cond_init(&lp->cv) != 0) {
+        uv_mutex_destroy(&lp->mu);
+        return KVIDX_ENOMEM;
+    }
+    int threaded = uv_thread_create(&th, reader_main, lp) == 0;
+    int rc = 0;
+    for (;;) {
+        if (!threaded) {
+            int got = fill_batch(&lp->r, &lp->buf[0]);
+            if (got < 0) {
+                *why = lp->r.why;
+                rc = KVIDX_EINVAL;
+            } else if (got > 0) {
+                rc = load_batch(idx, layouts, &lp->buf[0], why);
+            }
+            if (got <= 0 || rc)
+                break;
+            continue;
+        }
+        uv_mutex_lock(&lp->mu);
+        while (lp->consumed == lp->produced && !lp->eof)
+            uv_cond_wait(&lp->cv, &lp->mu);
+        int have = lp->consumed != lp->produced, eof = lp->eof;
+        uv_mutex_unlock(&lp->mu);
+        if (!have) {
+            if (eof < 0) {
+                *why = lp->r.why;
+                rc = KVIDX_EINVAL;
+            }
+            break;
+        }
+        rc = load_batch(idx, layouts, &lp->buf[lp->consumed % NBUF], why);
+        uv_mutex_lock(&lp->mu);
+        lp->consumed++;
+        if (rc)
+            lp->stop = 1;
+        uv_cond_broadcast(&lp->cv);
+        uv_mutex_unlock(&lp->mu);
+        if (rc)
+            break;
+    }
+    if (threaded)
+        uv_thread_join(&th);
+    uv_cond_destroy(&lp->cv);
+    uv_mutex_destroy(&lp->mu);
+    return rc;
+}
 
 int persist_load_snapshot(const char *path, kvidx_index_t *idx, struct layouts *layouts,
                           uint64_t *next_gen, uint64_t *nkeys, uint64_t *nlayouts, const char **why)
@@ -1118,61 +1263,48 @@ int persist_load_snapshot(const char *path, kvidx_index_t *idx, struct layouts *
         data = m;
     }
     close(fd);
-    kvidx_snapshot_reader_t r;
-    kvidx_load_t *b = malloc(BATCH * sizeof(*b));
-    size_t nb = 0;
+    load_pipe_t *lp = calloc(1, sizeof(*lp));
     int rc = 0;
-    if (!b) {
+    for (int i = 0; lp && i < NBUF; i++) {
+        lp->buf[i].items = malloc(BATCH * sizeof(kvidx_load_t));
+        if (!lp->buf[i].items)
+            rc = KVIDX_ENOMEM;
+    }
+    if (!lp || rc) {
         *why = "out of memory";
         rc = KVIDX_ENOMEM;
         goto out;
     }
-    if (kvidx_snapshot_open(&r, data, len, why) != 0) {
+    /* Streaming: the reader thread checksums the file as it decodes; on a
+     * mismatch at the end the restore fails and the daemon refuses to
+     * start, so the keys already loaded are never used. */
+    if (kvidx_snapshot_open_streaming(&lp->r, data, len, why) != 0) {
         rc = KVIDX_EINVAL;
         goto out;
     }
-    if (kvidx_index_reserve(idx, r.keys) != 0) {
+    if (kvidx_index_reserve(idx, lp->r.keys) != 0) {
         *why = "out of memory for the announced number of keys";
         rc = KVIDX_ENOMEM;
         goto out;
     }
-    kvidx_jrec_t rec;
-    int got;
-    while ((got = kvidx_snapshot_next(&r, &rec)) == 1) {
-        if (rec.type == KVIDX_JREC_LAYOUT_PUT) {
-            if (layouts_restore(layouts, (const char *)rec.blob, rec.blob_len) != 0) {
-                *why = "a layout record does not parse";
-                rc = KVIDX_EINVAL;
-                goto out;
-            }
-            continue;
-        }
-        b[nb].key = rec.key;
-        b[nb].size_bytes = rec.size_bytes;
-        b[nb].tiers = rec.tiers; /* KVIDX_STATE_* == KVIDX_DURABLE_* */
-        if (++nb == BATCH) {
-            rc = kvidx_index_load(idx, b, nb, NULL);
-            nb = 0;
-            if (rc) {
-                *why = "the index refused a key (duplicate, capacity or a bad key)";
-                goto out;
-            }
-        }
-    }
-    if (got < 0) {
-        *why = "a record is malformed or the counts do not match the trailer";
-        rc = KVIDX_EINVAL;
+    rc = load_records(lp, idx, layouts, why);
+    if (rc == KVIDX_ENOMEM && !*why)
+        *why = "out of memory";
+    /* A damaged file can fail the load before its checksum is known: say
+     * which it was. */
+    kvidx_snapshot_reader_t whole;
+    const char *damaged = NULL;
+    if (rc && kvidx_snapshot_open(&whole, data, len, &damaged) != 0)
+        *why = damaged;
+    if (rc)
         goto out;
-    }
-    if ((rc = kvidx_index_load(idx, b, nb, NULL)) != 0) {
-        *why = "the index refused a key (duplicate, capacity or a bad key)";
-        goto out;
-    }
-    *next_gen = r.next_generation;
-    *nkeys = r.nkeys;
-    *nlayouts = r.nlayouts;
+    *next_gen = lp->r.next_generation;
+    *nkeys = lp->r.nkeys;
+    *nlayouts = lp->r.nlayouts;
 out:
-    free(b);
+    for (int i = 0; lp && i < NBUF; i++)
+        free(lp->buf[i].items);
+    free(lp);
     if (len)
         munmap((void *)data, len);
     return rc;

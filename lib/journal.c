@@ -460,8 +460,8 @@ void kvidx_snapshot_finish(kvidx_snapshot_writer_t *w, uint8_t out[KVIDX_SNAPSHO
     put32(out + 24, kvidx_crc32c(w->crc, out, 24));
 }
 
-int kvidx_snapshot_open(kvidx_snapshot_reader_t *r, const uint8_t *buf, size_t len,
-                        const char **why)
+static int snapshot_open(kvidx_snapshot_reader_t *r, const uint8_t *buf, size_t len,
+                         const char **why, int streaming)
 {
     const char *dummy;
     if (!why)
@@ -480,7 +480,7 @@ int kvidx_snapshot_open(kvidx_snapshot_reader_t *r, const uint8_t *buf, size_t l
         *why = "no trailer: the file is truncated or damaged";
         return KVIDX_EINVAL;
     }
-    if (kvidx_crc32c(0, buf, len - 8) != get32(t + 24)) {
+    if (!streaming && kvidx_crc32c(0, buf, len - 8) != get32(t + 24)) {
         *why = "checksum mismatch: the file is damaged";
         return KVIDX_EINVAL;
     }
@@ -489,21 +489,71 @@ int kvidx_snapshot_open(kvidx_snapshot_reader_t *r, const uint8_t *buf, size_t l
     r->end = len - KVIDX_SNAPSHOT_TRAILER_LEN;
     r->keys = get64(t + 8);
     r->layouts = get64(t + 16);
+    /* Bounded by the records that fit, so that a damaged count (which a
+     * streaming reader has not checked yet) cannot ask for a huge index. */
+    size_t body = r->end - r->off;
+    if (r->keys > body / (KVIDX_JREC_HDR_LEN + SKEY_FIXED + KVIDX_HASH_MIN) ||
+        r->layouts > body / (KVIDX_JREC_HDR_LEN + LAY_FIXED + 1)) {
+        *why = "the trailer announces more records than the file holds";
+        return KVIDX_EINVAL;
+    }
+    r->streaming = streaming;
     return 0;
+}
+
+int kvidx_snapshot_open(kvidx_snapshot_reader_t *r, const uint8_t *buf, size_t len,
+                        const char **why)
+{
+    return snapshot_open(r, buf, len, why, 0);
+}
+
+int kvidx_snapshot_open_streaming(kvidx_snapshot_reader_t *r, const uint8_t *buf, size_t len,
+                                  const char **why)
+{
+    return snapshot_open(r, buf, len, why, 1);
+}
+
+/* Streaming: extends the running checksum up to byte upto. */
+static void snapshot_crc_to(kvidx_snapshot_reader_t *r, size_t upto)
+{
+    r->crc = kvidx_crc32c(r->crc, r->buf + r->crc_off, upto - r->crc_off);
+    r->crc_off = upto;
+}
+
+static int snapshot_bad(kvidx_snapshot_reader_t *r, const char *why)
+{
+    r->why = why;
+    return KVIDX_EINVAL;
 }
 
 int kvidx_snapshot_next(kvidx_snapshot_reader_t *r, kvidx_jrec_t *rec)
 {
+    static const char *malformed = "a record is malformed";
+    if (r->why)
+        return KVIDX_EINVAL; /* errors stick */
     for (;;) {
         const uint8_t *p;
         size_t n;
-        /* The file checksum, verified by kvidx_snapshot_open, already
-         * covers every record: their own checksums are not read again. */
+        if (r->streaming && r->off > r->crc_off && r->off - r->crc_off >= 65536)
+            snapshot_crc_to(r, r->off);
+        /* The file checksum (verified by kvidx_snapshot_open, or at the
+         * end when streaming) covers every record: their own checksums
+         * are not read again. */
         int rc = unframe(r->buf, r->end, r->off, &p, &n, 0);
-        if (rc == 0)
-            return r->nkeys == r->keys && r->nlayouts == r->layouts ? 0 : KVIDX_EINVAL;
+        if (rc == 0) {
+            if (r->nkeys != r->keys || r->nlayouts != r->layouts)
+                return snapshot_bad(r, "the record counts do not match the trailer");
+            if (r->streaming) {
+                size_t sum_end = r->end + KVIDX_SNAPSHOT_TRAILER_LEN - 8;
+                if (r->crc_off < sum_end) /* not yet: calls at the end repeat */
+                    snapshot_crc_to(r, sum_end);
+                if (r->crc != get32(r->buf + sum_end))
+                    return snapshot_bad(r, "checksum mismatch: the file is damaged");
+            }
+            return 0;
+        }
         if (rc < 0 || payload_decode(p, n, rec) != 0)
-            return KVIDX_EINVAL;
+            return snapshot_bad(r, malformed);
         r->off += KVIDX_JREC_HDR_LEN + n;
         switch (rec->type) {
         case KVIDX_JREC_NS:
@@ -515,7 +565,7 @@ int kvidx_snapshot_next(kvidx_snapshot_reader_t *r, kvidx_jrec_t *rec)
             continue;
         case KVIDX_JREC_SKEY:
             if (!r->has_ns || r->nkeys == r->keys)
-                return KVIDX_EINVAL;
+                return snapshot_bad(r, malformed);
             rec->type = KVIDX_JREC_KEY;
             rec->key.model = r->model;
             rec->key.model_len = r->model_len;
@@ -525,11 +575,11 @@ int kvidx_snapshot_next(kvidx_snapshot_reader_t *r, kvidx_jrec_t *rec)
             return 1;
         case KVIDX_JREC_LAYOUT_PUT:
             if (r->nlayouts == r->layouts)
-                return KVIDX_EINVAL;
+                return snapshot_bad(r, malformed);
             r->nlayouts++;
             return 1;
         default:
-            return KVIDX_EINVAL;
+            return snapshot_bad(r, malformed);
         }
     }
 }

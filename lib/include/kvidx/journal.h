@@ -134,6 +134,10 @@ typedef struct kvidx_snapshot_reader {
     int has_ns;
     const char *model, *salt;
     uint8_t model_len, salt_len;
+    int streaming; /* checksum computed while reading */
+    uint32_t crc;  /* streaming: over buf[0..crc_off) */
+    size_t crc_off;
+    const char *why; /* static reason after kvidx_snapshot_next failed */
 } kvidx_snapshot_reader_t;
 
 /* Verifies a whole snapshot held in buf[0..len) (header, trailer, the
@@ -141,9 +145,19 @@ typedef struct kvidx_snapshot_reader {
  * with a static reason in *why (when why is not NULL). */
 int kvidx_snapshot_open(kvidx_snapshot_reader_t *r, const uint8_t *buf, size_t len,
                         const char **why);
+/* Like kvidx_snapshot_open, but the file checksum is computed as the
+ * records are read (so a second thread can load while this one reads) and
+ * compared at the end: kvidx_snapshot_next then says KVIDX_EINVAL instead
+ * of 0 on a mismatch. Records handed out before the end are checked for
+ * structure only: everything built from them must be thrown away unless
+ * the reader ends with 0. */
+int kvidx_snapshot_open_streaming(kvidx_snapshot_reader_t *r, const uint8_t *buf, size_t len,
+                                  const char **why);
 /* The next KEY or LAYOUT_PUT record: 1 and *rec; 0 at the end (the counts
- * matched the trailer); KVIDX_EINVAL on any malformed record or count
- * mismatch. Keys carry their namespace in rec->key. */
+ * matched the trailer); KVIDX_EINVAL, with a static reason in r->why, on
+ * any malformed record, count mismatch or (streaming) checksum mismatch.
+ * Both endings repeat if asked again. Keys carry their namespace in
+ * rec->key. */
 int kvidx_snapshot_next(kvidx_snapshot_reader_t *r, kvidx_jrec_t *rec);
 
 #endif
