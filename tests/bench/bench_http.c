@@ -14,6 +14,7 @@
  * Prints "name value unit" lines. Key i: model meta-llama/Llama-3.1-8B,
  * kv_rank 0x01000100, group 0, chunk hash = 32 bytes derived from i.
  */
+#include "bench_util.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -29,13 +30,6 @@
 #include "bench_client.h"
 
 enum { BATCH = 1000 };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void put(int port, long batches, long first)
 {

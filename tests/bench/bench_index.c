@@ -5,6 +5,7 @@
  * the start versus after 9M keys. Prints "name value unit" lines.
  * Usage: bench_index [keys] (default 10000000).
  */
+#include "bench_util.h"
 #include "kvidx/err.h"
 #include "kvidx/index.h"
 
@@ -14,35 +15,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static long rss_bytes(void)
-{
-    long size = 0, res = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (!f)
-        return -1;
-    if (fscanf(f, "%ld %ld", &size, &res) != 2)
-        res = -1;
-    fclose(f);
-    return res * sysconf(_SC_PAGESIZE);
-}
-
-static uint64_t rng = 0x243f6a8885a308d3ULL;
-
-static uint64_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
 
 enum { BATCH = 1000 };
 

@@ -8,6 +8,7 @@
  * lines: the median over rounds of the per-entry cost.
  * Usage: bench_json [rounds] (default 200; each round builds one page).
  */
+#include "bench_util.h"
 #include "buf.h"
 
 #include <cjson/cJSON.h>
@@ -30,13 +31,6 @@ struct ent {
 static struct ent ents[ENTRIES];
 static const char token[] = "AQAAAAAAAAABAAAAZ2hpamtsbW5vcHFyc3R1dnd4eXo0NTY3ODkwYWJjZGVmZ2hpams";
 static volatile size_t sink;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void build_jw(struct buf *b)
 {

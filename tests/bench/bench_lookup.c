@@ -30,6 +30,7 @@
  *
  * Prints "name value unit" lines.
  */
+#include "bench_util.h"
 #include <cjson/cJSON.h>
 
 #include <arpa/inet.h>
@@ -46,13 +47,6 @@
 
 #define BENCH_NAME "bench_lookup"
 #include "bench_client.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- growable string ---- */
 struct str {
