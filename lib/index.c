@@ -21,8 +21,9 @@
  * first). Namespaces sit in an array sorted by (salt, model), so the SPEC
  * §3.2 order is "namespaces in order, each tree in order" and a salt or
  * model filter is a range of namespaces. Exact lookup is an open-addressing
- * table of refs (linear probing, backward-shift deletion, load <= 0.8)
- * hashed with keyed SipHash-2-4. L1 copies live in a separate table of
+ * table of refs with a tag byte each (linear probing, backward-shift
+ * deletion, load <= 0.8) hashed with keyed SipHash-1-3 (split in a chunk
+ * part and a rank part, see tk_hash). L1 copies live in a separate table of
  * metadata (state, pins, temporary, generation, LRU links), allocated only
  * for keys that have one; slot 0 of that table is the LRU list head.
  *
@@ -38,6 +39,7 @@
 #include "kvidx/index.h"
 #include "kvidx/alloc.h"
 #include "kvidx/err.h"
+#include "kvidx/siphash.h"
 
 #include <sodium.h>
 #include <string.h>
@@ -72,6 +74,23 @@ static inline uint16_t ld16(const uint8_t *p)
 static inline void st16(uint8_t *p, uint16_t v)
 {
     memcpy(p, &v, 2);
+}
+
+/* Equality of two hashes of n bytes: word compares, inlined (a memcmp call
+ * cost a lookup more than the compare itself). */
+static inline int hash_eq(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    uint64_t diff = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x, y;
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        diff |= x ^ y;
+    }
+    for (; i < n; i++)
+        diff |= (uint64_t)(a[i] ^ b[i]);
+    return diff == 0;
 }
 
 static int bytes_cmp(const void *a, size_t an, const void *b, size_t bn)
@@ -184,7 +203,8 @@ struct kvidx_index {
     slab_t slabs[NCLASS];
 
     uint32_t *ht;
-    size_t ht_cap; /* power of two, or 0 */
+    uint8_t *ht_tag; /* per slot: the top byte of its key's hash */
+    size_t ht_cap;   /* power of two, or 0 */
     size_t ht_count;
 
     istr_t **strs; /* sorted by bytes */
@@ -375,14 +395,67 @@ static uint64_t sip(const kvidx_index_t *idx, const uint8_t *in, size_t n)
     return v;
 }
 
+/* The table hash of a key is A(namespace, group, hash bytes) ^ B(kv_rank),
+ * both keyed SipHash (different input lengths keep them apart). The split
+ * lets a batch reuse A across the ranks of one chunk (an ipc request names
+ * every chunk once per rank, consecutively) and B across the chunks of one
+ * rank; both parts are pseudo-random functions of the secret key, so an
+ * attacker still cannot predict which keys share a probe run. */
+static uint64_t hash_a(const kvidx_index_t *idx, uint32_t ns_id, const tkey_t *t)
+{
+    uint8_t buf[6 + KVIDX_HASH_MAX];
+    st32(buf, ns_id);
+    st16(buf + 4, t->group);
+    memcpy(buf + 6, t->hash, t->hash_len);
+    return kvidx_siphash13(idx->hkey, buf, 6 + (size_t)t->hash_len);
+}
+
+static uint64_t hash_b(const kvidx_index_t *idx, uint32_t rank)
+{
+    uint8_t buf[4];
+    st32(buf, rank);
+    return kvidx_siphash13(idx->hkey, buf, 4);
+}
+
 static uint64_t tk_hash(const kvidx_index_t *idx, uint32_t ns_id, const tkey_t *t)
 {
-    uint8_t buf[10 + KVIDX_HASH_MAX];
-    st32(buf, ns_id);
-    st32(buf + 4, t->rank);
-    st16(buf + 8, t->group);
-    memcpy(buf + 10, t->hash, t->hash_len);
-    return sip(idx, buf, 10 + (size_t)t->hash_len);
+    return hash_a(idx, ns_id, t) ^ hash_b(idx, t->rank);
+}
+
+/* Reuses the parts of tk_hash across the keys of one batch: A of the last
+ * (namespace, group, hash), B of the last 8 ranks (direct-mapped on the
+ * rank's low byte, which is the worker's local rank in a packed kv_rank). */
+typedef struct hcache {
+    int a_valid;
+    uint32_t ns_id;
+    uint16_t group;
+    uint8_t hash_len;
+    uint8_t hash[KVIDX_HASH_MAX];
+    uint64_t a;
+    uint8_t b_valid;
+    uint32_t rank[8];
+    uint64_t b[8];
+} hcache_t;
+
+static uint64_t tk_hash_cached(const kvidx_index_t *idx, hcache_t *c, uint32_t ns_id,
+                               const tkey_t *t)
+{
+    if (!c->a_valid || c->ns_id != ns_id || c->group != t->group || c->hash_len != t->hash_len ||
+        !hash_eq(c->hash, t->hash, t->hash_len)) {
+        c->a = hash_a(idx, ns_id, t);
+        c->a_valid = 1;
+        c->ns_id = ns_id;
+        c->group = t->group;
+        c->hash_len = t->hash_len;
+        memcpy(c->hash, t->hash, t->hash_len);
+    }
+    unsigned slot = t->rank & 7;
+    if (!(c->b_valid & (1u << slot)) || c->rank[slot] != t->rank) {
+        c->b[slot] = hash_b(idx, t->rank);
+        c->rank[slot] = t->rank;
+        c->b_valid |= (uint8_t)(1u << slot);
+    }
+    return c->a ^ c->b[slot];
 }
 
 static uint64_t ref_hash(const kvidx_index_t *idx, kvidx_ref_t ref)
@@ -452,6 +525,14 @@ static void sep_from_rec(skey_t *s, const uint8_t *r)
 
 /* ---- hash table ---- */
 
+/* Each slot keeps a byte of its key's hash beside the ref, so a probe reads
+ * a record (a cache miss) only when that byte matches: 1 in 256 of the
+ * other keys of a probe run instead of all of them. */
+static inline uint8_t h_tag(uint64_t h)
+{
+    return (uint8_t)(h >> 56);
+}
+
 static int ht_reserve(kvidx_index_t *idx, size_t extra)
 {
     size_t want = idx->ht_count + extra;
@@ -464,21 +545,30 @@ static int ht_reserve(kvidx_index_t *idx, size_t extra)
     if (cap == idx->ht_cap)
         return 0;
     uint32_t *t = kvidx_malloc_large(cap * sizeof(*t));
-    if (!t)
+    uint8_t *tg = kvidx_malloc_large(cap);
+    if (!t || !tg) {
+        kvidx_free(t);
+        kvidx_free(tg);
         return KVIDX_ENOMEM;
+    }
     memset(t, 0xff, cap * sizeof(*t));
+    memset(tg, 0, cap);
     size_t mask = cap - 1;
     for (size_t i = 0; i < idx->ht_cap; i++) {
         uint32_t ref = idx->ht[i];
         if (ref == KVIDX_REF_NONE)
             continue;
-        size_t j = (size_t)ref_hash(idx, ref) & mask;
+        uint64_t h = ref_hash(idx, ref);
+        size_t j = (size_t)h & mask;
         while (t[j] != KVIDX_REF_NONE)
             j = (j + 1) & mask;
         t[j] = ref;
+        tg[j] = h_tag(h);
     }
     kvidx_free(idx->ht);
+    kvidx_free(idx->ht_tag);
     idx->ht = t;
+    idx->ht_tag = tg;
     idx->ht_cap = cap;
     return 0;
 }
@@ -489,14 +579,17 @@ static kvidx_ref_t ht_find_h(const kvidx_index_t *idx, uint32_t ns_id, const tke
         return KVIDX_REF_NONE;
     size_t mask = idx->ht_cap - 1;
     size_t j = (size_t)h & mask;
+    uint8_t tag = h_tag(h);
     for (;;) {
         uint32_t ref = idx->ht[j];
         if (ref == KVIDX_REF_NONE)
             return KVIDX_REF_NONE;
-        const uint8_t *r = rec_at(idx, ref);
-        if (rec_ns(r) == ns_id && rec_rank(r) == t->rank && rec_group(r) == t->group &&
-            rec_hl(r) == t->hash_len && memcmp(rec_hash(r), t->hash, t->hash_len) == 0)
-            return ref;
+        if (idx->ht_tag[j] == tag) {
+            const uint8_t *r = rec_at(idx, ref);
+            if (rec_ns(r) == ns_id && rec_rank(r) == t->rank && rec_group(r) == t->group &&
+                rec_hl(r) == t->hash_len && hash_eq(rec_hash(r), t->hash, t->hash_len))
+                return ref;
+        }
         j = (j + 1) & mask;
     }
 }
@@ -515,6 +608,7 @@ static void ht_insert(kvidx_index_t *idx, kvidx_ref_t ref, uint64_t h)
     while (idx->ht[j] != KVIDX_REF_NONE)
         j = (j + 1) & mask;
     idx->ht[j] = ref;
+    idx->ht_tag[j] = h_tag(h);
     idx->ht_count++;
 }
 
@@ -537,6 +631,7 @@ static void ht_remove(kvidx_index_t *idx, kvidx_ref_t ref)
         int between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
         if (!between) {
             idx->ht[i] = r;
+            idx->ht_tag[i] = idx->ht_tag[j];
             i = j;
         }
     }
@@ -1307,6 +1402,7 @@ void kvidx_index_free(kvidx_index_t *idx)
     for (uint32_t i = 0; i < idx->nspare_inner; i++)
         kvidx_free(idx->spare_inner[i]);
     kvidx_free(idx->ht);
+    kvidx_free(idx->ht_tag);
     kvidx_free(idx->strs);
     kvidx_free(idx->ns_sorted);
     kvidx_free(idx->ns_ids);
@@ -1363,6 +1459,91 @@ static kvidx_ref_t lookup(const kvidx_index_t *idx, const kvidx_key_t *k)
     return ht_find(idx, ns->id, &t);
 }
 
+/* Fills info from a live record (kvidx_index_info without the check). */
+static void info_of(const kvidx_index_t *idx, const uint8_t *r, kvidx_entry_info_t *info)
+{
+    memset(info, 0, sizeof(*info));
+    info->size_bytes = rec_size(r);
+    info->l2 = rec_l2(r);
+    uint32_t m = rec_l1(r);
+    if (m) {
+        const l1m_t *e = &idx->l1[m];
+        info->l1_state = (kvidx_l1_state_t)e->state;
+        info->pins = e->pins;
+        info->temporary = e->temporary;
+        info->generation = e->gen;
+    }
+}
+
+void kvidx_index_find_batch(const kvidx_index_t *idx, const kvidx_key_t *keys, size_t n,
+                            kvidx_ref_t *refs, kvidx_entry_info_t *infos)
+{
+    /* Windows of W keys in passes, so that the cache misses of a window
+     * overlap: hash every key and prefetch its table slot; read the slot
+     * and prefetch the record it names; probe, and prefetch the L1
+     * metadata; fill the infos. The namespace and the hash parts are
+     * reused from the previous key where they are the same. */
+    enum { W = 16 };
+    hcache_t hc;
+    hc.a_valid = 0;
+    hc.b_valid = 0;
+    const ns_t *ns = NULL;
+    const kvidx_key_t *prev = NULL;
+    uint64_t hs[W];
+    const ns_t *nss[W];
+    size_t mask = idx->ht_cap ? idx->ht_cap - 1 : 0;
+    for (size_t w0 = 0; w0 < n; w0 += W) {
+        size_t w1 = n - w0 < W ? n : w0 + W;
+        for (size_t i = w0; i < w1; i++) {
+            const kvidx_key_t *k = &keys[i];
+            nss[i - w0] = NULL;
+            if (!key_shape_ok(k))
+                continue;
+            if (!prev || k->model != prev->model || k->salt != prev->salt ||
+                k->model_len != prev->model_len || k->salt_len != prev->salt_len) {
+                if (!ns || ns_cmp(ns, k->salt, k->salt_len, k->model, k->model_len) != 0)
+                    ns = ns_find(idx, k);
+                prev = k;
+            }
+            if (!ns || !idx->ht_cap)
+                continue;
+            nss[i - w0] = ns;
+            tkey_t t = {k->kv_rank, k->group, k->hash_len, k->hash};
+            hs[i - w0] = tk_hash_cached(idx, &hc, ns->id, &t);
+            PREFETCH(&idx->ht[hs[i - w0] & mask]);
+            PREFETCH(&idx->ht_tag[hs[i - w0] & mask]);
+        }
+        for (size_t i = w0; i < w1; i++) {
+            if (!nss[i - w0])
+                continue;
+            /* The record of the first slot of the run whose tag matches. */
+            size_t j = hs[i - w0] & mask;
+            uint8_t tag = h_tag(hs[i - w0]);
+            for (int step = 0; step < 4 && idx->ht[j] != KVIDX_REF_NONE; step++) {
+                if (idx->ht_tag[j] == tag) {
+                    PREFETCH(rec_at(idx, idx->ht[j]));
+                    break;
+                }
+                j = (j + 1) & mask;
+            }
+        }
+        for (size_t i = w0; i < w1; i++) {
+            const kvidx_key_t *k = &keys[i];
+            refs[i] = KVIDX_REF_NONE;
+            if (!nss[i - w0])
+                continue;
+            tkey_t t = {k->kv_rank, k->group, k->hash_len, k->hash};
+            refs[i] = ht_find_h(idx, nss[i - w0]->id, &t, hs[i - w0]);
+            uint32_t m = refs[i] == KVIDX_REF_NONE ? 0 : rec_l1(rec_at(idx, refs[i]));
+            if (infos && m)
+                PREFETCH(&idx->l1[m]);
+        }
+        for (size_t i = w0; infos && i < w1; i++)
+            if (refs[i] != KVIDX_REF_NONE)
+                info_of(idx, rec_at(idx, refs[i]), &infos[i]);
+    }
+}
+
 int kvidx_index_find(const kvidx_index_t *idx, const kvidx_key_t *key, kvidx_ref_t *ref)
 {
     kvidx_ref_t r = lookup(idx, key);
@@ -1376,18 +1557,7 @@ int kvidx_index_info(const kvidx_index_t *idx, kvidx_ref_t ref, kvidx_entry_info
 {
     if (!ref_live(idx, ref))
         return KVIDX_ENOTFOUND;
-    const uint8_t *r = rec_at(idx, ref);
-    memset(info, 0, sizeof(*info));
-    info->size_bytes = rec_size(r);
-    info->l2 = rec_l2(r);
-    uint32_t m = rec_l1(r);
-    if (m) {
-        const l1m_t *e = &idx->l1[m];
-        info->l1_state = (kvidx_l1_state_t)e->state;
-        info->pins = e->pins;
-        info->temporary = e->temporary;
-        info->generation = e->gen;
-    }
+    info_of(idx, rec_at(idx, ref), info);
     return 0;
 }
 
@@ -1552,6 +1722,9 @@ int kvidx_index_put_batch(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put
     /* Look every item up, in two passes so that the table's cache misses
      * overlap; a pinned or loading copy may not change size. */
     const ns_t *last_ns = NULL;
+    hcache_t hc;
+    hc.a_valid = 0;
+    hc.b_valid = 0;
     for (size_t i = 0; i < n; i++) {
         const kvidx_key_t *k = &items[i].key;
         work[i].ns = UINT32_MAX;
@@ -1561,8 +1734,9 @@ int kvidx_index_put_batch(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put
             continue;
         tkey_t t = {k->kv_rank, k->group, k->hash_len, k->hash};
         work[i].ns = last_ns->id;
-        work[i].h = tk_hash(idx, last_ns->id, &t);
+        work[i].h = tk_hash_cached(idx, &hc, last_ns->id, &t);
         PREFETCH(&idx->ht[work[i].h & (idx->ht_cap - 1)]);
+        PREFETCH(&idx->ht_tag[work[i].h & (idx->ht_cap - 1)]);
     }
     for (size_t i = 0; i < n; i++) {
         const kvidx_key_t *k = &items[i].key;
@@ -1712,7 +1886,7 @@ int kvidx_index_put_batch(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put
         memcpy(r + REC_HDR, k->hash, k->hash_len);
         tkey_t t = rec_tkey(r);
         tree_insert(idx, ns, &t, ref);
-        ht_insert(idx, ref, tk_hash(idx, ns->id, &t));
+        ht_insert(idx, ref, tk_hash_cached(idx, &hc, ns->id, &t));
         ns->nkeys++;
         idx->c.keys++;
         if (tier == KVIDX_TIER_L2) {
@@ -1771,10 +1945,12 @@ fail:
 
 #define LOAD_PEND 65536 /* table inserts deferred at once by a bulk load */
 
-/* Inserts n refs known to be absent, each given as home slot << 32 | ref,
- * in slot order (a counting sort on the slot's top bits into tmp): the
- * table is then swept once instead of probed at random. */
-static void ht_insert_sorted(kvidx_index_t *idx, const uint64_t *pend, size_t n, uint64_t *tmp)
+/* Inserts n refs known to be absent, each given as home slot << 32 | ref
+ * with its tag in ptag, in slot order (a counting sort on the slot's top
+ * bits into tmp, ttag): the table is then swept once instead of probed at
+ * random. */
+static void ht_insert_sorted(kvidx_index_t *idx, const uint64_t *pend, const uint8_t *ptag,
+                             size_t n, uint64_t *tmp, uint8_t *ttag)
 {
     enum { BITS = 12 };
     uint32_t count[(1u << BITS) + 1];
@@ -1787,14 +1963,18 @@ static void ht_insert_sorted(kvidx_index_t *idx, const uint64_t *pend, size_t n,
         count[(pend[i] >> shift) + 1]++;
     for (uint32_t b = 1; b <= (1u << BITS); b++)
         count[b] += count[b - 1];
-    for (size_t i = 0; i < n; i++)
-        tmp[count[pend[i] >> shift]++] = pend[i];
+    for (size_t i = 0; i < n; i++) {
+        uint32_t at = count[pend[i] >> shift]++;
+        tmp[at] = pend[i];
+        ttag[at] = ptag[i];
+    }
     size_t mask = idx->ht_cap - 1;
     for (size_t i = 0; i < n; i++) {
         size_t j = (size_t)(tmp[i] >> 32);
         while (idx->ht[j] != KVIDX_REF_NONE)
             j = (j + 1) & mask;
         idx->ht[j] = (uint32_t)tmp[i];
+        idx->ht_tag[j] = ttag[i];
     }
     idx->ht_count += n;
 }
@@ -1833,11 +2013,16 @@ int kvidx_index_load(kvidx_index_t *idx, const kvidx_load_t *items, size_t n, si
     /* Table inserts are deferred and made in slot order (ht_insert_sorted):
      * a random probe per key into a table of hundreds of MB is the largest
      * cost of a restore otherwise. */
-    uint64_t *pend;
+    void *mem;
     size_t npend = 0;
-    rc = scratch_get(idx, 2 * LOAD_PEND * sizeof(uint64_t), (void **)&pend);
+    rc = scratch_get(idx, 2 * LOAD_PEND * (sizeof(uint64_t) + 1), &mem);
     if (rc)
         return rc;
+    uint64_t *pend = mem, *ptmp = pend + LOAD_PEND;
+    uint8_t *ptag = (uint8_t *)(ptmp + LOAD_PEND), *ttag = ptag + LOAD_PEND;
+    hcache_t hc;
+    hc.a_valid = 0;
+    hc.b_valid = 0;
     ns_t *ns = NULL;
     for (size_t i = 0; i < n; i++) {
         const kvidx_load_t *it = &items[i];
@@ -1887,14 +2072,15 @@ int kvidx_index_load(kvidx_index_t *idx, const kvidx_load_t *items, size_t n, si
             tkey_t rt = rec_tkey(r);
             tree_insert(idx, ns, &rt, ref);
         }
-        uint64_t h = tk_hash(idx, ns->id, &t);
+        uint64_t h = tk_hash_cached(idx, &hc, ns->id, &t);
         if (idx->ht_cap > (size_t)UINT32_MAX + 1) {
             ht_insert(idx, ref, h); /* slots no longer fit the packing */
         } else {
             if (npend == LOAD_PEND) {
-                ht_insert_sorted(idx, pend, npend, pend + LOAD_PEND);
+                ht_insert_sorted(idx, pend, ptag, npend, ptmp, ttag);
                 npend = 0;
             }
+            ptag[npend] = h_tag(h);
             pend[npend++] = (h & (idx->ht_cap - 1)) << 32 | ref;
         }
         ns->nkeys++;
@@ -1907,11 +2093,11 @@ int kvidx_index_load(kvidx_index_t *idx, const kvidx_load_t *items, size_t n, si
         if (it->tiers & KVIDX_DURABLE_L1)
             lru_push(idx, l1_create(idx, ref, KVIDX_L1_READY, 0), it->size_bytes);
     }
-    ht_insert_sorted(idx, pend, npend, pend + LOAD_PEND);
+    ht_insert_sorted(idx, pend, ptag, npend, ptmp, ttag);
     evict_to_fit(idx);
     return 0;
 fail:
-    ht_insert_sorted(idx, pend, npend, pend + LOAD_PEND);
+    ht_insert_sorted(idx, pend, ptag, npend, ptmp, ttag);
     if (ns)
         ns_drop_if_empty(idx, ns);
     evict_to_fit(idx);

@@ -81,21 +81,23 @@ int kvidx_pfh_open(kvidx_pfh_t *h, kvidx_index_t *idx, const kvidx_key_t *keys, 
         return KVIDX_EINVAL;
     h->keys = kvidx_calloc(n ? n : 1, sizeof(*h->keys));
     uint8_t *state = kvidx_calloc(n ? n : 1, 1);
-    if (!h->keys || !state) {
+    kvidx_ref_t *refs = kvidx_malloc((n ? n : 1) * sizeof(*refs));
+    kvidx_entry_info_t *infos = kvidx_malloc((n ? n : 1) * sizeof(*infos));
+    if (!h->keys || !state || !refs || !infos) {
         kvidx_free(h->keys);
         kvidx_free(state);
+        kvidx_free(refs);
+        kvidx_free(infos);
         h->keys = NULL;
         return KVIDX_ENOMEM;
     }
+    kvidx_index_find_batch(idx, keys, n, refs, infos);
     for (size_t i = 0; i < n; i++) {
         kvidx_pfh_key_t *k = &h->keys[i];
-        kvidx_entry_info_t info;
-        k->ref = KVIDX_REF_NONE;
-        if (kvidx_index_find(idx, &keys[i], &k->ref) != 0 ||
-            kvidx_index_info(idx, k->ref, &info) != 0) {
-            k->ref = KVIDX_REF_NONE;
+        k->ref = refs[i];
+        if (k->ref == KVIDX_REF_NONE)
             continue;
-        }
+        const kvidx_entry_info_t info = infos[i];
         k->gen = info.generation;
         if (info.l1_state == KVIDX_L1_READY)
             state[i] = KVIDX_PF_L1_READY;
@@ -104,6 +106,8 @@ int kvidx_pfh_open(kvidx_pfh_t *h, kvidx_index_t *idx, const kvidx_key_t *keys, 
         else if (info.l2)
             state[i] = KVIDX_PF_L2;
     }
+    kvidx_free(refs);
+    kvidx_free(infos);
     kvidx_prefetch_req_t req = {n, state, mode, policy, ipc};
     int rc = kvidx_prefetch_plan(&req, &h->plan);
     kvidx_free(state);

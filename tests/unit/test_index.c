@@ -10,6 +10,9 @@
 #include "kvidx/alloc.h"
 #include "kvidx/err.h"
 #include "kvidx/index.h"
+#include "kvidx/siphash.h"
+
+#include <sodium.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -856,4 +859,34 @@ Test(index, out_of_memory_is_atomic_and_leak_free)
         cr_assert_eq(F.live, 0);
     }
     kvidx_set_allocator(NULL);
+}
+
+/* The table's inline SipHash is the reference algorithm: run with 2-4
+ * rounds it gives libsodium's crypto_shorthash (SipHash-2-4) for every
+ * input length 0..80 under random keys. */
+Test(siphash, matches_libsodium)
+{
+    uint8_t key[crypto_shorthash_KEYBYTES], in[81], out[crypto_shorthash_BYTES];
+    for (int round = 0; round < 50; round++) {
+        randombytes_buf(key, sizeof(key));
+        randombytes_buf(in, sizeof(in));
+        for (size_t n = 0; n <= 80; n++) {
+            crypto_shorthash(out, in, n, key);
+            uint64_t want = 0;
+            for (int i = 7; i >= 0; i--)
+                want = want << 8 | out[i];
+            cr_assert_eq(kvidx_siphash24(key, in, n), want, "length %zu", n);
+        }
+    }
+    /* 1-3 differs from 2-4 and depends on every input byte and the key. */
+    memset(in, 0, sizeof(in));
+    uint64_t h = kvidx_siphash13(key, in, 40);
+    cr_assert_neq(h, kvidx_siphash24(key, in, 40));
+    for (size_t i = 0; i < 40; i++) {
+        in[i] ^= 1;
+        cr_assert_neq(kvidx_siphash13(key, in, 40), h, "byte %zu", i);
+        in[i] ^= 1;
+    }
+    key[0] ^= 1;
+    cr_assert_neq(kvidx_siphash13(key, in, 40), h);
 }
