@@ -2,7 +2,7 @@
  * POST /v1/lookup, the prefetch handles of /v1/prefetches and the loads of
  * /v1/loads (SPEC §3.3, §3.4, §4).
  *
- * A lookup probes the index with kvidx_index_find/info only: it never
+ * A lookup probes the index with kvidx_index_find_batch/info only: it never
  * changes recency, pins or state. A prefetch probes the same way, asks
  * kvidx_prefetch_plan what to pin, load and join, does it, and when its
  * last load has finished asks kvidx_prefetch_trim what to keep.
@@ -504,20 +504,13 @@ static void jw_index_list(struct jw *w, const char *name, const uint8_t *flags, 
                           uint8_t bit)
 {
     jw_key(w, name);
-    jw_arr_begin(w);
-    for (size_t i = 0; i < n; i++)
-        if (flags[i] & bit)
-            jw_u64(w, i);
-    jw_arr_end(w);
+    jw_indices(w, flags, n, bit);
 }
 
 static void jw_u32_list(struct jw *w, const char *name, const uint32_t *v, size_t n)
 {
     jw_key(w, name);
-    jw_arr_begin(w);
-    for (size_t i = 0; i < n; i++)
-        jw_u64(w, v[i]);
-    jw_arr_end(w);
+    jw_u32s(w, v, n);
 }
 
 enum { LK_L1 = 1, LK_L2 = 2, LK_FOUND = 4 };
@@ -540,18 +533,22 @@ static int api_lookup(const struct request *req, struct response *res)
     const kvidx_index_t *idx = req->app->keystore->idx;
     uint8_t *flags = calloc(kr.n ? kr.n : 1, 1);
     uint8_t *found = calloc(kr.n ? kr.n : 1, 1);
-    if (!flags || !found) {
+    kvidx_ref_t *refs = malloc((kr.n ? kr.n : 1) * sizeof(*refs));
+    kvidx_entry_info_t *infos = malloc((kr.n ? kr.n : 1) * sizeof(*infos));
+    if (!flags || !found || !refs || !infos) {
         free(flags);
         free(found);
+        free(refs);
+        free(infos);
         kreq_free(&kr);
         return res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
     }
+    kvidx_index_find_batch(idx, kr.keys, kr.n, refs, infos);
     uint64_t bytes = 0;
     for (size_t i = 0; i < kr.n; i++) {
-        kvidx_ref_t ref;
-        kvidx_entry_info_t info;
-        if (kvidx_index_find(idx, &kr.keys[i], &ref) != 0 || kvidx_index_info(idx, ref, &info) != 0)
+        if (refs[i] == KVIDX_REF_NONE)
             continue;
+        const kvidx_entry_info_t info = infos[i];
         /* A loading copy is not readable: it is no L1 hit. */
         if (info.l1_state == KVIDX_L1_READY)
             flags[i] |= LK_L1;
@@ -563,6 +560,8 @@ static int api_lookup(const struct request *req, struct response *res)
             bytes += info.size_bytes;
         }
     }
+    free(refs);
+    free(infos);
     size_t hit_chunks = 0;
     if (kr.is_ipc && kvidx_fold(&kr.shape, found, &hit_chunks) != 0) {
         free(flags);

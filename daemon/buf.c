@@ -115,6 +115,32 @@ void buf_put_u64(struct buf *b, uint64_t v)
     buf_append(b, p, (size_t)(tmp + sizeof(tmp) - p));
 }
 
+static const char digit_pairs[201] = "00010203040506070809101112131415161718192021222324"
+                                     "25262728293031323334353637383940414243444546474849"
+                                     "50515253545556575859606162636465666768697071727374"
+                                     "75767778798081828384858687888990919293949596979899";
+
+/* Writes v in decimal at p (room for 10 bytes); returns the end. */
+static char *u32_dec(char *p, uint32_t v)
+{
+    char tmp[10];
+    char *q = tmp + sizeof(tmp);
+    while (v >= 100) {
+        q -= 2;
+        memcpy(q, digit_pairs + 2 * (v % 100), 2);
+        v /= 100;
+    }
+    if (v >= 10) {
+        q -= 2;
+        memcpy(q, digit_pairs + 2 * v, 2);
+    } else {
+        *--q = (char)('0' + v);
+    }
+    size_t n = (size_t)(tmp + sizeof(tmp) - q);
+    memcpy(p, q, n);
+    return p + n;
+}
+
 void buf_put_i64(struct buf *b, int64_t v)
 {
     if (v < 0) {
@@ -317,6 +343,41 @@ void jw_null(struct jw *w)
 {
     jw_pre_value(w);
     buf_puts(w->b, "null");
+}
+
+void jw_indices(struct jw *w, const uint8_t *flags, size_t n, uint8_t bit)
+{
+    jw_arr_begin(w);
+    /* At most 10 digits and a comma per index. */
+    if (n > SIZE_MAX / 11 || buf_reserve(w->b, n * 11) != 0)
+        return;
+    char *p = w->b->data + w->b->len, *start = p;
+    for (size_t i = 0; i < n; i++) {
+        if (!(flags[i] & bit))
+            continue;
+        if (p != start)
+            *p++ = ',';
+        p = u32_dec(p, (uint32_t)i);
+    }
+    w->b->len = (size_t)(p - w->b->data);
+    w->b->data[w->b->len] = '\0';
+    jw_arr_end(w);
+}
+
+void jw_u32s(struct jw *w, const uint32_t *v, size_t n)
+{
+    jw_arr_begin(w);
+    if (n > SIZE_MAX / 11 || buf_reserve(w->b, n * 11) != 0)
+        return;
+    char *p = w->b->data + w->b->len;
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            *p++ = ',';
+        p = u32_dec(p, v[i]);
+    }
+    w->b->len = (size_t)(p - w->b->data);
+    w->b->data[w->b->len] = '\0';
+    jw_arr_end(w);
 }
 
 void jw_raw(struct jw *w, const char *json, size_t n)

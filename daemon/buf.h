@@ -58,5 +58,10 @@ void jw_i64(struct jw *w, int64_t v);
 void jw_bool(struct jw *w, int v);
 void jw_null(struct jw *w);
 void jw_raw(struct jw *w, const char *json, size_t n); /* an already-encoded value */
+/* An array of every i < n (n < 2^32) with flags[i] & bit, in order: the
+ * index lists of lookup and prefetch answers, written in one pass. */
+void jw_indices(struct jw *w, const uint8_t *flags, size_t n, uint8_t bit);
+/* An array of n numbers. */
+void jw_u32s(struct jw *w, const uint32_t *v, size_t n);
 
 #endif
