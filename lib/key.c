@@ -11,6 +11,7 @@
  * and the rule with static strings, never echoing the input bytes.
  */
 #include "kvidx/key.h"
+#include "kvidx/bytes.h"
 #include "kvidx/err.h"
 
 #include <math.h>
@@ -148,6 +149,39 @@ int kvidx_key_check_salt(const char *s, size_t n, kvidx_reason_t *why)
     return 0;
 }
 
+#define ONES   UINT64_C(0x0101010101010101)
+#define HIGHS  UINT64_C(0x8080808080808080)
+#define LANE16 UINT64_C(0x00ff00ff00ff00ff)
+
+/* Decodes 8 hex digits (either case) into 4 bytes, 8 at a time in one
+ * 64-bit word; -1 (out untouched) if any byte is not a hex digit. Each
+ * byte is below 0x80, so adding a constant below 0x80 never carries into
+ * the next byte, and bit 7 of the sum says "at least" per byte. */
+static int hex8(const char *in, uint8_t out[4])
+{
+    uint64_t x = kvidx_le64(in);
+    if (x & HIGHS)
+        return -1;
+    uint64_t ge_0 = x + ONES * (0x80 - '0'), ge_colon = x + ONES * (0x80 - ':');
+    uint64_t lc = x | ONES * 0x20; /* letters folded to lower case */
+    uint64_t ge_a = lc + ONES * (0x80 - 'a'), ge_g = lc + ONES * (0x80 - 'g');
+    uint64_t digit = ge_0 & ~ge_colon, letter = ge_a & ~ge_g;
+    if (((digit | letter) & HIGHS) != HIGHS)
+        return -1;
+    /* '0'..'9' -> low nibble; 'a'..'f' and 'A'..'F' (bit 6 set) -> +9. */
+    uint64_t v = (x & ONES * 0x0f) + 9 * ((x >> 6) & ONES);
+    /* Bytes (hi, lo) pairs -> one byte per 16-bit lane, then packed. */
+    uint64_t t = ((v & LANE16) << 4) | ((v >> 8) & LANE16);
+    t = (t | (t >> 8)) & UINT64_C(0x0000ffff0000ffff);
+    t = (t | (t >> 16)) & UINT64_C(0x00000000ffffffff);
+    uint32_t o = (uint32_t)t;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    o = __builtin_bswap32(o);
+#endif
+    memcpy(out, &o, 4);
+    return 0;
+}
+
 int kvidx_key_hash_from_hex(const char *hex, size_t n, uint8_t *out, uint8_t *out_len,
                             kvidx_reason_t *why)
 {
@@ -155,7 +189,11 @@ int kvidx_key_hash_from_hex(const char *hex, size_t n, uint8_t *out, uint8_t *ou
         return reject(why, "chunk_hash_hex", "must be 2..128 hex digits");
     if (n % 2 != 0)
         return reject(why, "chunk_hash_hex", "must have an even number of hex digits");
-    for (size_t i = 0; i < n; i += 2) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        if (hex8(hex + i, out + i / 2) != 0)
+            return reject(why, "chunk_hash_hex", "must contain only hex digits (no spaces)");
+    for (; i < n; i += 2) {
         unsigned hi = hex_table[(unsigned char)hex[i]];
         unsigned lo = hex_table[(unsigned char)hex[i + 1]];
         if ((hi | lo) > 0xf)
@@ -190,6 +228,13 @@ static int integer_field(const kvidx_field_t *f, const char *field, double hi,
     return 0;
 }
 
+/* 1 when a..an is the text known..kn (which the caller says passed its
+ * check before). */
+static int same_text(const char *a, size_t an, const char *known, size_t kn)
+{
+    return known && an == kn && (an == 0 || memcmp(a, known, an) == 0);
+}
+
 int kvidx_key_from_input(const kvidx_key_input_t *in, kvidx_key_t *out, kvidx_reason_t *why)
 {
     kvidx_key_t k;
@@ -212,9 +257,11 @@ int kvidx_key_from_input(const kvidx_key_input_t *in, kvidx_key_t *out, kvidx_re
         return reject(why, "model_name", "is required");
     if (in->model_name.kind != KVIDX_FIELD_STRING)
         return reject(why, "model_name", "must be a string");
-    rc = kvidx_key_check_model(in->model_name.str, in->model_name.len, why);
-    if (rc != 0)
-        return rc;
+    if (!same_text(in->model_name.str, in->model_name.len, in->valid_model, in->valid_model_len)) {
+        rc = kvidx_key_check_model(in->model_name.str, in->model_name.len, why);
+        if (rc != 0)
+            return rc;
+    }
     k.model = in->model_name.str;
     k.model_len = (uint16_t)in->model_name.len;
 
@@ -240,9 +287,12 @@ int kvidx_key_from_input(const kvidx_key_input_t *in, kvidx_key_t *out, kvidx_re
     if (in->cache_salt.kind != KVIDX_FIELD_ABSENT) {
         if (in->cache_salt.kind != KVIDX_FIELD_STRING)
             return reject(why, "cache_salt", "must be a string");
-        rc = kvidx_key_check_salt(in->cache_salt.str, in->cache_salt.len, why);
-        if (rc != 0)
-            return rc;
+        if (!same_text(in->cache_salt.str, in->cache_salt.len, in->valid_salt,
+                       in->valid_salt_len)) {
+            rc = kvidx_key_check_salt(in->cache_salt.str, in->cache_salt.len, why);
+            if (rc != 0)
+                return rc;
+        }
         if (in->cache_salt.len > 0)
             k.salt = in->cache_salt.str;
         k.salt_len = (uint8_t)in->cache_salt.len;

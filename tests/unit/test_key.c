@@ -592,6 +592,59 @@ Test(rules, chunk_hash_hex)
     expect_rejected(&in, "chunk_hash_hex", "space");
 }
 
+/* Every byte value at every position of a 24-digit hash (the word-wide
+ * decoder's 8-digit steps and the tail): accepted exactly when it is a hex
+ * digit, and then decoded to the value of that digit. */
+Test(rules, chunk_hash_hex_every_byte_everywhere)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t pos = 0; pos < 24; pos++) {
+        for (unsigned c = 0; c < 256; c++) {
+            char hex[24];
+            for (size_t i = 0; i < sizeof(hex); i++)
+                hex[i] = digits[(i * 7 + 3) % 16];
+            hex[pos] = (char)c;
+            int want = (c >= '0' && c <= '9')   ? (int)(c - '0')
+                       : (c >= 'a' && c <= 'f') ? (int)(c - 'a' + 10)
+                       : (c >= 'A' && c <= 'F') ? (int)(c - 'A' + 10)
+                                                : -1;
+            uint8_t out[12];
+            uint8_t len = 0;
+            kvidx_reason_t why;
+            int rc = kvidx_key_hash_from_hex(hex, sizeof(hex), out, &len, &why);
+            if (want < 0) {
+                cr_assert_eq(rc, KVIDX_EKEY, "byte 0x%02x at %zu accepted", c, pos);
+                continue;
+            }
+            cr_assert_eq(rc, 0, "byte 0x%02x at %zu refused", c, pos);
+            cr_assert_eq(len, 12);
+            for (size_t i = 0; i < 24; i++) {
+                int d = i == pos ? want : (int)((i * 7 + 3) % 16);
+                int got = i % 2 ? out[i / 2] & 0xf : out[i / 2] >> 4;
+                cr_assert_eq(got, d, "digit %zu with byte 0x%02x at %zu", i, c, pos);
+            }
+        }
+    }
+}
+
+/* A model name or salt is checked again unless its bytes are those the
+ * caller vouches for: a bad name after a good one is still refused. */
+Test(rules, checks_skipped_only_for_the_same_bytes)
+{
+    kvidx_key_input_t in;
+    base_input(&in);
+    in.valid_model = "good/model";
+    in.valid_model_len = 10;
+    in.model_name = str("good/mode\xff", 10);
+    expect_rejected(&in, "model_name", "bad byte after a vouched-for name");
+    in.model_name = str("good/model", 10);
+    expect_accepted(&in, "the vouched-for bytes");
+    in.valid_salt = "s";
+    in.valid_salt_len = 1;
+    in.cache_salt = str("\xff", 1);
+    expect_rejected(&in, "cache_salt", "bad salt after a vouched-for one");
+}
+
 Test(rules, model_name)
 {
     kvidx_reason_t why;

@@ -77,6 +77,12 @@ typedef struct kvidx_key_input {
     kvidx_field_t object_group_id; /* optional integral number, default 0 */
     kvidx_field_t cache_salt;      /* optional string, default "" */
     int has_unknown_member;        /* the object had a member not named above */
+    /* Optional (NULL when unknown): a model name and a salt that passed
+     * their checks in an earlier key of the same request. A field with the
+     * same bytes is not checked again (a 1000-key request usually names
+     * one model 1000 times). */
+    const char *valid_model, *valid_salt;
+    size_t valid_model_len, valid_salt_len;
 } kvidx_key_input_t;
 
 /* Validates in and fills *out (model and salt point into the input strings).
