@@ -242,10 +242,13 @@ static const char *const ipc_members[] = {"model_name", "world_size",   "worker_
 static int kreq_parse(const struct request *req, struct response *res, int kind, struct kreq *kr)
 {
     memset(kr, 0, sizeof(*kr));
-    /* Key-form bodies skip the cJSON tree of their keys (keyscan.h); any
-     * other body, or anything unusual, takes the cJSON path. */
+    /* Key-form bodies skip the cJSON tree of their keys, ipc-form ones
+     * that of their chunk hashes (keyscan.h); any other body, or anything
+     * unusual, takes the cJSON path. */
     struct keyscan ks;
-    int fast = keyscan_body(req, &ks) == 0;
+    int fast = keyscan_body(req, KEYSCAN_KEYS | KEYSCAN_CHUNK_HASHES, &ks) == 0;
+    int fast_keys = fast && !ks.chunk_hashes;
+    struct keyscan_str *strs = fast && ks.chunk_hashes ? ks.strs : NULL; /* freed at out */
     if (fast) {
         kr->body = ks.rest;
         kr->keys = ks.keys;
@@ -314,13 +317,13 @@ static int kreq_parse(const struct request *req, struct response *res, int kind,
             param_errors_add(&pe, "must be an array of keys", "keys");
             goto bad;
         }
-        size_t n = fast ? ks.n : (size_t)cJSON_GetArraySize(keys);
+        size_t n = fast_keys ? ks.n : (size_t)cJSON_GetArraySize(keys);
         if (n > max) {
             res_problemf(res, KVIDX_ETOOMANYKEYS,
                          "%zu keys, more than max_keys_per_request (%" PRIu64 ")", n, max);
             goto out;
         }
-        if (fast) { /* already decoded and valid */
+        if (fast_keys) { /* already decoded and valid */
             kr->n = n;
             rc = 0;
             goto out;
@@ -380,7 +383,7 @@ static int kreq_parse(const struct request *req, struct response *res, int kind,
         param_errors_add(&pe, "must be a non-empty array of group ids", "object_group_ids");
     if (pe.n)
         goto bad;
-    size_t C = (size_t)cJSON_GetArraySize(hashes);
+    size_t C = strs ? ks.nstrs : (size_t)cJSON_GetArraySize(hashes);
     size_t G = groups ? (size_t)cJSON_GetArraySize(groups) : 1;
     kr->ipc.num_chunks = (uint32_t)C;
     kr->ipc.num_groups = (uint32_t)G;
@@ -436,12 +439,16 @@ static int kreq_parse(const struct request *req, struct response *res, int kind,
     }
     proto.salt = salt ? salt->valuestring : "";
     proto.salt_len = (uint8_t)(salt ? strlen(salt->valuestring) : 0);
-    i = 0;
-    for (const cJSON *h = hashes->child; h; h = h->next, i++) {
+    const cJSON *h = hashes->child;
+    for (i = 0; i < C; i++) {
         kvidx_key_t *k = n ? &kr->keys[i * R] : &proto;
         *k = proto;
-        if (!cJSON_IsString(h) || kvidx_key_hash_from_hex(h->valuestring, strlen(h->valuestring),
-                                                          k->hash, &k->hash_len, &why) != 0) {
+        /* From the scanned bytes, or from cJSON's string: the same bytes. */
+        const char *hex = strs ? strs[i].s : cJSON_IsString(h) ? h->valuestring : NULL;
+        size_t hex_len = strs ? strs[i].n : hex ? strlen(hex) : 0;
+        if (!strs)
+            h = h->next;
+        if (!hex || kvidx_key_hash_from_hex(hex, hex_len, k->hash, &k->hash_len, &why) != 0) {
             key_errors++;
             param_errors_add(&pe, "must be 2..128 hex digits, an even count", "chunk_hashes[%zu]",
                              i);
@@ -480,6 +487,7 @@ bad:
                          "the request is not valid");
 out:
     param_errors_free(&pe);
+    free(strs);
     if (rc)
         kreq_free(kr);
     return rc;

@@ -1,5 +1,6 @@
 /*
- * Fast path for key-form bodies. A lookup or prefetch of 1000 keys spent
+ * Fast path for key-form bodies (and the chunk_hashes of ipc-form ones). A
+ * lookup or prefetch of 1000 keys spent
  * most of its time building, walking and freeing a cJSON tree of 6000
  * values; here one pass over the body bytes reads the keys array into
  * kvidx_key_t directly, and only the rest of the body (the keys array cut
@@ -319,23 +320,68 @@ static int keys_array(struct cur *c, struct keyscan *ks, uint64_t max, size_t *v
     }
 }
 
+/* The chunk_hashes array at c->p ('['): plain strings only (what they
+ * hold is judged later, from these bytes, as from cJSON's). */
+static int strings_array(struct cur *c, struct keyscan *ks, uint64_t max, size_t *values)
+{
+    size_t cap = (size_t)(c->e - c->p) / 4 + 1;
+    if (cap > 4096)
+        cap = 4096;
+    ks->strs = malloc(cap * sizeof(*ks->strs));
+    if (!ks->strs)
+        return -1;
+    c->p++;
+    (*values)++;
+    skip_ws(c);
+    if (c->p < c->e && *c->p == ']') {
+        c->p++;
+        return 0;
+    }
+    for (;;) {
+        skip_ws(c);
+        if (ks->nstrs == max)
+            return -1;
+        if (ks->nstrs == cap) {
+            struct keyscan_str *a = realloc(ks->strs, 2 * cap * sizeof(*a));
+            if (!a)
+                return -1;
+            ks->strs = a;
+            cap *= 2;
+        }
+        struct keyscan_str *str = &ks->strs[ks->nstrs];
+        if (plain_string(c, &str->s, &str->n) != 0)
+            return -1;
+        ks->nstrs++;
+        skip_ws(c);
+        if (c->p == c->e)
+            return -1;
+        if (*c->p == ']') {
+            c->p++;
+            return 0;
+        }
+        if (*c->p != ',')
+            return -1;
+        c->p++;
+        (*values)++;
+    }
+}
+
 void keyscan_free(struct keyscan *ks)
 {
     cJSON_Delete(ks->rest);
     free(ks->keys);
+    free(ks->strs);
     memset(ks, 0, sizeof(*ks));
 }
 
-int keyscan_body(const struct request *req, struct keyscan *ks)
+int keyscan_body(const struct request *req, int what, struct keyscan *ks)
 {
     memset(ks, 0, sizeof(*ks));
     const struct app *app = req->app;
-    /* The key objects sit at depth 3. */
-    if (app && app->cfg.max_json_depth < 3)
-        return 1;
     struct cur c = {req->body, req->body + req->body_len};
     if (expect(&c, '{') != 0)
         return 1;
+    int keys = 0;
     for (;;) {
         const char *name;
         size_t nlen;
@@ -343,20 +389,29 @@ int keyscan_body(const struct request *req, struct keyscan *ks)
         if (plain_string(&c, &name, &nlen) != 0 || expect(&c, ':') != 0)
             return 1;
         skip_ws(&c);
-        if (nlen == 4 && memcmp(name, "keys", 4) == 0)
+        if ((what & KEYSCAN_KEYS) && nlen == 4 && memcmp(name, "keys", 4) == 0) {
+            keys = 1;
+            break;
+        }
+        if ((what & KEYSCAN_CHUNK_HASHES) && nlen == 12 && memcmp(name, "chunk_hashes", 12) == 0)
             break;
         if (skip_scalar(&c) != 0 || expect(&c, ',') != 0)
             return 1;
     }
+    /* Key objects sit at depth 3, which the rest ("[]" at depth 2) does not
+     * show; chunk hashes are strings at depth 2, which it does. */
+    if (keys && app && app->cfg.max_json_depth < 3)
+        return 1;
     if (c.p == c.e || *c.p != '[')
         return 1;
     const char *a0 = c.p;
     size_t values = 0;
     uint64_t max = app ? app->cfg.max_keys_per_request : 262144;
-    if (keys_array(&c, ks, max, &values) != 0) {
+    if ((keys ? keys_array(&c, ks, max, &values) : strings_array(&c, ks, max, &values)) != 0) {
         keyscan_free(ks);
         return 1;
     }
+    ks->chunk_hashes = !keys;
     const char *a1 = c.p;
     /* The rest: body[..a0) "[]" body[a1..); "[]" counts one value of the
      * array's, whose others json_parse_text adds as extra values. */

@@ -3,7 +3,9 @@
  * on any bytes, keyscan_body either falls back, or json_parse_body accepts
  * the same body, each element of its "keys" array goes through json_to_key
  * to the very key the fast path made, and the fast path's rest tree equals
- * the whole tree with the keys array emptied. The first input byte picks
+ * the whole tree with the keys array emptied; for a "chunk_hashes" array
+ * taken instead, its strings are cJSON's strings byte for byte. The first
+ * input byte picks
  * the limits (default app, max_json_depth 2..4, few keys) so that the
  * fall-backs on limits are exercised too. Any disagreement aborts.
  */
@@ -66,8 +68,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     req.body_len = size;
     req.app = a;
     struct keyscan ks;
-    if (keyscan_body(&req, &ks) != 0) {
-        if (ks.rest || ks.keys)
+    if (keyscan_body(&req, KEYSCAN_KEYS | KEYSCAN_CHUNK_HASHES, &ks) != 0) {
+        if (ks.rest || ks.keys || ks.strs)
             abort();
         free(body);
         return 0;
@@ -78,16 +80,27 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     if (json_parse_body(&req, &res, &full) != 0)
         abort(); /* the fast path took a body the cJSON path refuses */
     buf_free(&res.body);
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(full, "keys");
-    if (!cJSON_IsArray(arr) || (size_t)cJSON_GetArraySize(arr) != ks.n)
+    const char *member = ks.chunk_hashes ? "chunk_hashes" : "keys";
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(full, member);
+    if (ks.chunk_hashes) {
+        /* The scanned strings are cJSON's strings, byte for byte. */
+        if (!cJSON_IsArray(arr) || (size_t)cJSON_GetArraySize(arr) != ks.nstrs || ks.keys)
+            abort();
+        size_t i = 0;
+        for (const cJSON *e = arr->child; e; e = e->next, i++)
+            if (!cJSON_IsString(e) || strlen(e->valuestring) != ks.strs[i].n ||
+                memcmp(e->valuestring, ks.strs[i].s, ks.strs[i].n) != 0)
+                abort();
+    }
+    if (!ks.chunk_hashes && (!cJSON_IsArray(arr) || (size_t)cJSON_GetArraySize(arr) != ks.n))
         abort();
     size_t i = 0;
-    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+    for (const cJSON *e = ks.chunk_hashes ? NULL : arr->child; e; e = e->next, i++) {
         kvidx_key_t k;
         if (json_to_key(e, &k, NULL) != 0 || !same_key(&k, &ks.keys[i]))
             abort();
     }
-    if (!cJSON_ReplaceItemInObjectCaseSensitive(full, "keys", cJSON_CreateArray()) ||
+    if (!cJSON_ReplaceItemInObjectCaseSensitive(full, member, cJSON_CreateArray()) ||
         !same_tree(full, ks.rest))
         abort();
     cJSON_Delete(full);

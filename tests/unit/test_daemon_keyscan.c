@@ -5,7 +5,9 @@
  * mutations of valid ones, keyscan_body either falls back, or json_parse_body
  * accepts the same body and the fast path's keys equal what json_to_key
  * makes of each element of "keys", and its rest tree equals cJSON's tree of
- * the whole body with that array emptied. The generator is deterministic
+ * the whole body with that array emptied. Ipc-form bodies are checked the
+ * same way for their "chunk_hashes" array: the fast path's strings must be
+ * the bytes of cJSON's strings. The generator is deterministic
  * (fixed seed), so a failure reproduces; tests/fuzz/fuzz_daemon_keyscan.c
  * runs the same check on arbitrary bytes.
  */
@@ -46,7 +48,7 @@ static int same_key(const kvidx_key_t *a, const kvidx_key_t *b)
            a->hash_len == b->hash_len && a->kv_rank == b->kv_rank && a->group == b->group;
 }
 
-static size_t n_fast, n_fallback;
+static size_t n_fast, n_fallback, n_fast_hashes;
 
 /* 1 when the fast path took the body (and agreed), 0 when it fell back;
  * fails the test on any disagreement. */
@@ -58,9 +60,10 @@ static int diff_check(const char *body, size_t len, struct app *app)
     req.body_len = len;
     req.app = app;
     struct keyscan ks;
-    if (keyscan_body(&req, &ks) != 0) {
+    if (keyscan_body(&req, KEYSCAN_KEYS | KEYSCAN_CHUNK_HASHES, &ks) != 0) {
         cr_assert_null(ks.rest);
         cr_assert_null(ks.keys);
+        cr_assert_null(ks.strs);
         n_fallback++;
         return 0;
     }
@@ -72,6 +75,29 @@ static int diff_check(const char *body, size_t len, struct app *app)
     buf_free(&res.body);
     cr_assert_eq(rc, 0, "fast path took a body json_parse_body refuses (%d): %.*s", rc,
                  (int)(len > 300 ? 300 : len), body);
+    if (ks.chunk_hashes) {
+        n_fast_hashes++;
+        cr_assert_null(ks.keys);
+        const cJSON *hs = cJSON_GetObjectItemCaseSensitive(full, "chunk_hashes");
+        cr_assert(cJSON_IsArray(hs), "no chunk_hashes array: %.*s", (int)(len > 300 ? 300 : len),
+                  body);
+        cr_assert_eq((size_t)cJSON_GetArraySize(hs), ks.nstrs, "count differs: %.*s",
+                     (int)(len > 300 ? 300 : len), body);
+        size_t i = 0;
+        for (const cJSON *e = hs->child; e; e = e->next, i++) {
+            cr_assert(cJSON_IsString(e), "chunk_hashes[%zu] is no string for cJSON", i);
+            cr_assert(strlen(e->valuestring) == ks.strs[i].n &&
+                          memcmp(e->valuestring, ks.strs[i].s, ks.strs[i].n) == 0,
+                      "chunk_hashes[%zu] differs: %.*s", i, (int)(len > 300 ? 300 : len), body);
+        }
+        cr_assert(
+            cJSON_ReplaceItemInObjectCaseSensitive(full, "chunk_hashes", cJSON_CreateArray()));
+        cr_assert(same_tree(full, ks.rest), "rest tree differs: %.*s", (int)(len > 300 ? 300 : len),
+                  body);
+        cJSON_Delete(full);
+        keyscan_free(&ks);
+        return 1;
+    }
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(full, "keys");
     cr_assert(cJSON_IsArray(arr), "no keys array: %.*s", (int)(len > 300 ? 300 : len), body);
     cr_assert_eq((size_t)cJSON_GetArraySize(arr), ks.n, "key count differs: %.*s",
@@ -265,6 +291,56 @@ static void gen_body(struct buf *b, int odd)
         buf_puts(b, pick(2) ? " x" : "\n");
 }
 
+/* An ipc-form body; with odd != 0, sometimes an unusual one. */
+static void gen_ipc_body(struct buf *b, int odd)
+{
+    static const char *const odd_elems[] = {"1",           "null",         "[]",
+                                            "{}",          "\"a\\u0062\"", "\"a\\\"b\"",
+                                            "\"\\u0000\"", "\"ab\"x",      "\"ab\" \"cd\""};
+    buf_reset(b);
+    ws(b);
+    buf_putc(b, '{');
+    ws(b);
+    static const char *const pre[] = {"\"model_name\":\"m\",",
+                                      "\"model_name\":\"m\",\"world_size\":8,\"worker_id\":null,",
+                                      "\"cache_salt\":\"\",\"world_size\":2,",
+                                      "",
+                                      "\"object_group_ids\":[0],",
+                                      "\"keys\":[],",
+                                      "\"model_name\":\"a\\\"b\","};
+    buf_puts(b, pre[pick(odd ? 7 : 4)]);
+    ws(b);
+    buf_puts(b, "\"chunk_hashes\"");
+    ws(b);
+    buf_putc(b, ':');
+    ws(b);
+    buf_putc(b, '[');
+    size_t n = pick(9);
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            buf_putc(b, ',');
+        ws(b);
+        if (odd && pick(4) == 0)
+            buf_puts(b, odd_elems[pick(9)]);
+        else
+            value_string(b, hashes[odd ? pick(13) : pick(5)]);
+        ws(b);
+    }
+    buf_putc(b, ']');
+    ws(b);
+    if (pick(2) == 0) {
+        static const char *const post[] = {
+            ",\"world_size\":8",    ",\"object_group_ids\":[0,1],\"attn_window\":[-1,4]",
+            ",\"mode\":\"LOOKUP\"", ",\"chunk_hashes\":[]",
+            ",\"keys\":[{}]",       ","};
+        buf_puts(b, post[pick(odd ? 6 : 3)]);
+    }
+    ws(b);
+    buf_putc(b, '}');
+    if (odd && pick(8) == 0)
+        buf_puts(b, pick(2) ? " x" : "\n");
+}
+
 static void mutate(struct buf *dst, const struct buf *src)
 {
     static const char bytes[] = "{}[]\",:\\ 0123456789.eE-+abfnrtuxyz\x00\x01\xff@/";
@@ -387,6 +463,45 @@ Test(keyscan, value_count_matches_the_whole_body)
     buf_free(&b);
 }
 
+/* The same for a cut-out chunk_hashes array. */
+Test(keyscan, value_count_matches_the_whole_body_for_chunk_hashes)
+{
+    static struct app app;
+    app.cfg.max_json_depth = 32;
+    app.cfg.max_keys_per_request = 10;
+    size_t limit = JSON_VALUES_PER_KEY * 10 + 4096;
+    struct buf b;
+    buf_init(&b);
+    int took = 0, refused = 0;
+    for (size_t zeros = limit - 30; zeros < limit + 10; zeros++) {
+        buf_reset(&b);
+        buf_puts(&b, "{\"model_name\":\"m\",\"world_size\":1,\"chunk_hashes\":[");
+        for (int i = 0; i < 10; i++)
+            buf_printf(&b, "%s\"%02x\"", i ? "," : "", i);
+        buf_puts(&b, "],\"x\":[0");
+        for (size_t z = 1; z < zeros; z++)
+            buf_puts(&b, ",0");
+        buf_puts(&b, "]}");
+        if (diff_check(b.data, b.len, &app)) {
+            took++;
+        } else {
+            refused++;
+            struct request req;
+            memset(&req, 0, sizeof(req));
+            req.body = b.data;
+            req.body_len = b.len;
+            req.app = &app;
+            struct response res;
+            memset(&res, 0, sizeof(res));
+            cJSON *j = NULL;
+            cr_assert_eq(json_parse_body(&req, &res, &j), KVIDX_EBODYSIZE);
+            buf_free(&res.body);
+        }
+    }
+    cr_assert(took > 0 && refused > 0, "the boundary was not crossed (%d/%d)", took, refused);
+    buf_free(&b);
+}
+
 Test(keyscan, generated_and_mutated_bodies_agree)
 {
     static struct app app;
@@ -395,9 +510,12 @@ Test(keyscan, generated_and_mutated_bodies_agree)
     struct buf b, m;
     buf_init(&b);
     buf_init(&m);
-    n_fast = n_fallback = 0;
+    n_fast = n_fallback = n_fast_hashes = 0;
     for (int round = 0; round < 50000; round++) {
-        gen_body(&b, round % 2);
+        if (round % 4 == 3)
+            gen_ipc_body(&b, round % 2);
+        else
+            gen_body(&b, round % 2);
         cr_assert(!b.failed);
         struct app *a = round % 5 == 0 ? &app : NULL;
         diff_check(b.data, b.len, a);
@@ -411,8 +529,10 @@ Test(keyscan, generated_and_mutated_bodies_agree)
         }
     }
     /* Both paths must be exercised for the comparison to mean anything. */
-    cr_assert(n_fast > 15000 && n_fallback > 100000, "fast %zu, fallback %zu", n_fast, n_fallback);
-    cr_log_info("keyscan: %zu bodies on the fast path, %zu fell back", n_fast, n_fallback);
+    cr_assert(n_fast > 15000 && n_fallback > 100000 && n_fast_hashes > 3000,
+              "fast %zu (chunk_hashes %zu), fallback %zu", n_fast, n_fast_hashes, n_fallback);
+    cr_log_info("keyscan: %zu bodies on the fast path (%zu by chunk_hashes), %zu fell back", n_fast,
+                n_fast_hashes, n_fallback);
     buf_free(&b);
     buf_free(&m);
 }
