@@ -100,6 +100,8 @@ row "json: jw speedup (cJSON/jw)" "$(val json_cjson_over_jw "$TMP/json.txt")" "x
 say "bench_persist $INDEX_KEYS (snapshot restore, journal append per fsync policy vs plain write)"
 timeout 300 "$B/bench_persist" "$INDEX_KEYS" | tee "$TMP/persist.txt" || echo "bench_persist failed or timed out"
 awk 'NF >= 2 && $2 ~ /^[0-9.]+$/ { printf "%-44s %16s  %s\n", "persist: " $1, $2, $3 }' "$TMP/persist.txt" >>"$SUMMARY"
+rs=$(val snapshot_restore_seconds "$TMP/persist.txt")
+[ "$INDEX_KEYS" = 10000000 ] && row "persist: 10M restore, fresh process (target<=3)" "${rs:-n/a}" "s $(meets_le "$rs" 3)"
 
 # ---------------------------------------------------------------- 2. GET vs nginx
 rss_kb() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null; }
