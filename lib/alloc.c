@@ -62,12 +62,18 @@ void *kvidx_malloc_large(size_t size)
 {
     if (alloc_hook.malloc || size < HUGE_PAGE || size > SIZE_MAX - HUGE_PAGE)
         return kvidx_malloc(size);
-    size_t rounded = (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-    void *p = aligned_alloc(HUGE_PAGE, rounded);
+    /* Not rounded up to whole huge pages: the kernel maps huge pages only
+     * over 2 MiB ranges inside the mapping and small pages at its tail, so
+     * a partial last page costs no more than it holds. */
+    void *p = NULL;
+    if (posix_memalign(&p, HUGE_PAGE, size) != 0)
+        return NULL;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    /* A memory hint, not I/O; refused (EINVAL) where THP is off. */
-    if (p)
-        (void)madvise(p, rounded, MADV_HUGEPAGE);
+    /* A memory hint, not I/O; refused (EINVAL) where THP is off. The range
+     * is whole 2 MiB pages from the aligned start. */
+    size_t whole = size & ~(HUGE_PAGE - 1);
+    if (whole)
+        (void)madvise(p, whole, MADV_HUGEPAGE);
 #endif
     return p;
 }
