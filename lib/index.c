@@ -401,20 +401,27 @@ static uint64_t sip(const kvidx_index_t *idx, const uint8_t *in, size_t n)
  * every chunk once per rank, consecutively) and B across the chunks of one
  * rank; both parts are pseudo-random functions of the secret key, so an
  * attacker still cannot predict which keys share a probe run. */
+/* A's message is whole words: namespace, group and hash length, then the
+ * hash bytes zero-padded to a word. A hash is always readable up to its
+ * next multiple of 8 bytes (a kvidx_key_t's 64-byte array, a separator's,
+ * or a record's slot of its length class), so it is read a word at a
+ * time and the last word masked. */
 static uint64_t hash_a(const kvidx_index_t *idx, uint32_t ns_id, const tkey_t *t)
 {
-    uint8_t buf[6 + KVIDX_HASH_MAX];
-    st32(buf, ns_id);
-    st16(buf + 4, t->group);
-    memcpy(buf + 6, t->hash, t->hash_len);
-    return kvidx_siphash13(idx->hkey, buf, 6 + (size_t)t->hash_len);
+    uint64_t w[1 + KVIDX_HASH_MAX / 8];
+    w[0] = (uint64_t)ns_id | (uint64_t)t->group << 32 | (uint64_t)t->hash_len << 48;
+    size_t nw = ((size_t)t->hash_len + 7) / 8;
+    for (size_t i = 0; i < nw; i++)
+        w[1 + i] = kvidx_le64(t->hash + 8 * i);
+    if (t->hash_len % 8)
+        w[nw] &= (UINT64_C(1) << (8 * (t->hash_len % 8))) - 1;
+    return kvidx_siphash_words(idx->hkey, w, 1 + nw, 1, 3);
 }
 
 static uint64_t hash_b(const kvidx_index_t *idx, uint32_t rank)
 {
-    uint8_t buf[4];
-    st32(buf, rank);
-    return kvidx_siphash13(idx->hkey, buf, 4);
+    uint64_t w = rank;
+    return kvidx_siphash_words(idx->hkey, &w, 1, 1, 3);
 }
 
 static uint64_t tk_hash(const kvidx_index_t *idx, uint32_t ns_id, const tkey_t *t)

@@ -889,4 +889,16 @@ Test(siphash, matches_libsodium)
     }
     key[0] ^= 1;
     cr_assert_neq(kvidx_siphash13(key, in, 40), h);
+    /* The word form is the byte form of the words' little-endian bytes. */
+    for (size_t n = 0; n <= 9; n++) {
+        uint64_t w[9];
+        uint8_t b[72];
+        randombytes_buf(w, sizeof(w));
+        for (size_t i = 0; i < 8 * n; i++)
+            b[i] = (uint8_t)(w[i / 8] >> (8 * (i % 8)));
+        cr_assert_eq(kvidx_siphash_words(key, w, n, 1, 3), kvidx_siphash13(key, b, 8 * n), "%zu",
+                     n);
+        cr_assert_eq(kvidx_siphash_words(key, w, n, 2, 4), kvidx_siphash24(key, b, 8 * n), "%zu",
+                     n);
+    }
 }
