@@ -32,7 +32,6 @@
 
 #include "kvidx/bytes.h"
 
-#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,25 +194,31 @@ static kvidx_field_t *member_slot(kvidx_key_input_t *in, const char *s, size_t n
  * matched as literals, quotes included, before any scan. */
 static kvidx_field_t *member_name(struct cur *c, kvidx_key_input_t *in)
 {
-    static const struct {
-        const char *lit; /* with both quotes */
-        size_t n;
-        size_t off;
-    } names[] = {
-        {"\"model_name\"", 12, offsetof(kvidx_key_input_t, model_name)},
-        {"\"kv_rank\"", 9, offsetof(kvidx_key_input_t, kv_rank)},
-        {"\"chunk_hash_hex\"", 16, offsetof(kvidx_key_input_t, chunk_hash_hex)},
-        {"\"object_group_id\"", 17, offsetof(kvidx_key_input_t, object_group_id)},
-        {"\"cache_salt\"", 12, offsetof(kvidx_key_input_t, cache_salt)},
-    };
-    size_t left = (size_t)(c->e - c->p);
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        if (left >= names[i].n && c->p[1] == names[i].lit[1] &&
-            memcmp(c->p, names[i].lit, names[i].n) == 0) {
-            c->p += names[i].n;
-            return (kvidx_field_t *)((char *)in + names[i].off);
-        }
+    /* Constant-length compares, which the compiler inlines. */
+#define LIT(lit, field)                                                                            \
+    if (left >= sizeof(lit) - 1 && memcmp(c->p, lit, sizeof(lit) - 1) == 0) {                      \
+        c->p += sizeof(lit) - 1;                                                                   \
+        return &in->field;                                                                         \
     }
+    size_t left = (size_t)(c->e - c->p);
+    switch (left >= 2 ? c->p[1] : 0) {
+    case 'm':
+        LIT("\"model_name\"", model_name)
+        break;
+    case 'k':
+        LIT("\"kv_rank\"", kv_rank)
+        break;
+    case 'c':
+        LIT("\"chunk_hash_hex\"", chunk_hash_hex)
+        LIT("\"cache_salt\"", cache_salt)
+        break;
+    case 'o':
+        LIT("\"object_group_id\"", object_group_id)
+        break;
+    default:
+        break;
+    }
+#undef LIT
     const char *name;
     size_t nlen;
     if (plain_string(c, &name, &nlen) != 0)
