@@ -133,6 +133,8 @@ struct persist {
     size_t lost_bytes;         /* left unwritten when the writer gave up at shutdown */
     uint64_t rot_seq, rot_gen; /* rotate to rot_gen at rot_seq (rot_gen 0: none) */
     uint64_t del_below;        /* delete journals below this generation */
+    int sync_lost; /* an fdatasync failed under everysec/no: bytes written before it may be
+                      missing on disk, a hole later records would sit behind */
 
     int lock_fd;     /* data_dir/lock, flock'ed for the life of the process */
     int snap_failed; /* the last snapshot failed: retry without a new rotation */
@@ -272,6 +274,23 @@ static void writer_fail(struct persist *p, const char *what)
     uv_mutex_unlock(&p->mu);
 }
 
+/* An fdatasync failed. Linux then drops the failed pages' dirty state: the
+ * bytes written since the last good sync may never reach the disk while
+ * the file goes on growing after them, and a replay would stop at that
+ * hole and drop everything behind it. Under always nothing unsynced came
+ * before (every write is synced, and a failed one is truncated and written
+ * again). Otherwise the loop refuses writes until a snapshot, with a
+ * rotation, holds the whole state and the journal with the hole is
+ * deleted. */
+static void sync_failed(struct persist *p)
+{
+    if (p->policy == FSYNC_ALWAYS)
+        return;
+    uv_mutex_lock(&p->mu);
+    p->sync_lost = 1;
+    uv_mutex_unlock(&p->mu);
+}
+
 static void delete_below(struct persist *p, uint64_t below)
 {
     DIR *d = opendir(p->dir);
@@ -349,10 +368,12 @@ static void writer_main(void *arg)
 
         int ok = !oom;
         if (work.len) {
-            if (write_all(p->fd, work.data, work.len) != 0 ||
-                (want_sync && fdatasync(p->fd) != 0)) {
+            int wrote = write_all(p->fd, work.data, work.len) == 0;
+            if (!wrote || (want_sync && fdatasync(p->fd) != 0)) {
                 /* Back to the last good length; the same bytes are
                  * written again on the next attempt. */
+                if (wrote)
+                    sync_failed(p);
                 writer_fail(p, "journal write");
                 if (ftruncate(p->fd, p->good_len) != 0)
                     (void)0; /* the retry's write fails the same way */
@@ -362,6 +383,7 @@ static void writer_main(void *arg)
                 buf_reset(&work);
             }
         } else if (want_sync && p->fd >= 0 && fdatasync(p->fd) != 0) {
+            sync_failed(p);
             writer_fail(p, "journal fsync");
             ok = 0;
         }
@@ -738,10 +760,17 @@ static void on_async(uv_async_t *h)
     struct persist *p = h->data;
     uv_mutex_lock(&p->mu);
     uint64_t durable = p->durable_seq;
-    int failing = p->failing;
+    int failing = p->failing, sync_lost = p->sync_lost;
+    p->sync_lost = 0;
     char msg[256];
     snprintf(msg, sizeof(msg), "%s", p->fail_msg);
     uv_mutex_unlock(&p->mu);
+    if (sync_lost) {
+        log_error("journal: an fsync failed after its records were written; they may be "
+                  "missing on disk. Refusing writes until the next snapshot holds every change");
+        p->gap = 1;
+        p->gap_epoch++;
+    }
     if (failing && !p->failing_seen)
         log_error("journal: %s; writes answer 503 storage_unavailable until it recovers", msg);
     p->failing_seen = failing;

@@ -24,6 +24,9 @@ What is checked:
 * a journal that cannot be written (RLIMIT_FSIZE, set on the daemon only)
   answers 503 storage_unavailable, changes nothing, and writes resume by
   themselves once it can be written again;
+* an fsync that fails under everysec (a preloaded shim) refuses writes
+  until a snapshot holds every change and the journal that may hold a
+  hole is deleted;
 * a client that pipelines writes and resets the connection while their
   fsync runs does not crash the daemon (fsync=always);
 * a second kvidxd on the same data_dir refuses to start and touches
@@ -953,6 +956,18 @@ class XfszDaemon(Daemon):
 
 
 @unittest.skipUnless(hasattr(resource, "prlimit"), "needs prlimit(2)")
+def failsync_daemon(flag):
+    """A Daemon class whose kvidxd has fsync and fdatasync fail (EIO)
+    while the file flag exists (tests/integration/failsync.c, preloaded)."""
+    class FailSyncDaemon(Daemon):
+        def __init__(self, *args, **kw):
+            asan = os.environ.get("ASAN_OPTIONS", "")
+            kw["env"] = {"LD_PRELOAD": os.environ["KVIDX_FAILSYNC_LIB"], "KVIDX_FAILSYNC": flag,
+                         "ASAN_OPTIONS": (asan + ":" if asan else "") + "verify_asan_link_order=0"}
+            super().__init__(*args, **kw)
+    return FailSyncDaemon
+
+
 class StorageUnavailable(PersistenceBase):
     base_settings = {"fsync": "always", "snapshot_journal_bytes": "1GiB"}
 
@@ -1145,6 +1160,48 @@ class StorageUnavailable(PersistenceBase):
         info = self.key_info(d, k)
         self.assertIsNotNone(info, "an acknowledged PUT was lost")
         self.assertEqual(info["size_bytes"], 10, info)
+        self.stop(d)
+
+    @unittest.skipUnless(os.environ.get("KVIDX_FAILSYNC_LIB"),
+                         "needs the failsync shim (set by ctest)")
+    def test_lost_fsync_refuses_writes_until_a_snapshot(self):
+        # Under everysec a write is answered before its fsync. When that
+        # fsync fails, the kernel may have dropped the written bytes while
+        # the journal goes on growing behind them: a replay would stop at
+        # the hole and drop every later record. The daemon refuses writes
+        # until a snapshot holds the whole state, then deletes the journal
+        # with the hole; every key acknowledged survives a restart.
+        dd = self.new_dir()
+        flag = dd + ".failsync"
+        self.addCleanup(lambda: os.path.exists(flag) and os.unlink(flag))
+        d = self.start(dd, daemon_cls=failsync_daemon(flag), fsync="everysec")
+        self.wait_ready(d)
+        first = [key(i, "lostsync") for i in range(200)]
+        self.put(d, first)
+        holed = newest_journal(dd)
+        open(flag, "w").close()
+        self.assertTrue(d.wait_log(r"fsync failed after its records were written", 10),
+                        d.log()[-3000:])
+        r = self.put_raw(d, [key(500, "lostsync")])
+        self.assertEqual(r.status, 503, r)
+        os.unlink(flag)
+        self.assertTrue(d.wait_log(r"snapshot: generation \d+ written", 30), d.log()[-3000:])
+        later = [key(600, "lostsync")]
+        end = time.monotonic() + 10
+        while True:
+            r = self.put_raw(d, later)
+            if r.status == 200 or time.monotonic() > end:
+                break
+            time.sleep(0.1)
+        self.assertEqual(r.status, 200, "writes did not resume after the snapshot: %r" % r)
+        end = time.monotonic() + 10
+        while holed in journals(dd) and time.monotonic() < end:
+            time.sleep(0.1)
+        self.assertNotIn(holed, journals(dd), listing_of(dd))
+        self.stop(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, first + later)
         self.stop(d)
 
     def test_shutdown_while_journal_fails_ends(self):
