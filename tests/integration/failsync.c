@@ -19,22 +19,23 @@ static int failing(void)
     return f && access(f, F_OK) == 0;
 }
 
-int fsync(int fd)
+/* EIO while failing, else the real function of that name. */
+static int sync_call(const char *name, int fd)
 {
     if (failing()) {
         errno = EIO;
         return -1;
     }
-    int (*real)(int) = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+    int (*real)(int) = (int (*)(int))dlsym(RTLD_NEXT, name);
     return real ? real(fd) : -1;
+}
+
+int fsync(int fd)
+{
+    return sync_call("fsync", fd);
 }
 
 int fdatasync(int fd)
 {
-    if (failing()) {
-        errno = EIO;
-        return -1;
-    }
-    int (*real)(int) = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
-    return real ? real(fd) : -1;
+    return sync_call("fdatasync", fd);
 }

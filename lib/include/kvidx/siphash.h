@@ -5,8 +5,8 @@
  * byte shuffling and the extra rounds were a tenth of a 1000-key lookup.
  * The table uses SipHash-1-3 (the variant Rust's HashMap uses: still a
  * keyed pseudo-random function against hash flooding, at about half the
- * rounds). SipHash-2-4 is here so that tests can check this code against
- * libsodium, with which it shares everything but the round counts.
+ * rounds). The round counts are parameters so that tests can run this code
+ * as SipHash-2-4 and check it against libsodium.
  */
 #ifndef KVIDX_SIPHASH_H
 #define KVIDX_SIPHASH_H
@@ -15,7 +15,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #define KVIDX_SIP_ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
 #define KVIDX_SIP_ROUND                                                                            \
@@ -36,42 +35,10 @@
         v2 = KVIDX_SIP_ROTL(v2, 32);                                                               \
     } while (0)
 
-/* SipHash-c-d of in[0..n) under the 16-byte key, as the u64 whose little
- * endian bytes are the reference output. */
-static inline uint64_t kvidx_siphash(const uint8_t key[16], const void *in, size_t n, int c, int d)
-{
-    const uint8_t *p = in;
-    uint64_t k0 = kvidx_le64(key), k1 = kvidx_le64(key + 8);
-    uint64_t v0 = k0 ^ UINT64_C(0x736f6d6570736575), v1 = k1 ^ UINT64_C(0x646f72616e646f6d);
-    uint64_t v2 = k0 ^ UINT64_C(0x6c7967656e657261), v3 = k1 ^ UINT64_C(0x7465646279746573);
-    size_t full = n & ~(size_t)7;
-    for (size_t i = 0; i < full; i += 8) {
-        uint64_t m = kvidx_le64(p + i);
-        v3 ^= m;
-        for (int r = 0; r < c; r++)
-            KVIDX_SIP_ROUND;
-        v0 ^= m;
-    }
-    uint64_t b = 0;
-    if (n > full) {
-        uint8_t tail[8] = {0};
-        memcpy(tail, p + full, n - full);
-        b = kvidx_le64(tail);
-    }
-    b |= (uint64_t)n << 56;
-    v3 ^= b;
-    for (int r = 0; r < c; r++)
-        KVIDX_SIP_ROUND;
-    v0 ^= b;
-    v2 ^= 0xff;
-    for (int r = 0; r < d; r++)
-        KVIDX_SIP_ROUND;
-    return v0 ^ v1 ^ v2 ^ v3;
-}
-
-/* SipHash-c-d of the message whose bytes are the n words' little-endian
- * bytes (8n bytes): the same value as kvidx_siphash on those bytes, for
- * callers that build their message as whole words (no byte copies). */
+/* SipHash-c-d, under the 16-byte key, of the 8n-byte message whose bytes
+ * are the n words' little-endian bytes; the u64 whose little-endian bytes
+ * are the reference output. Messages are whole words: callers build them
+ * so, without byte copies. */
 static inline uint64_t kvidx_siphash_words(const uint8_t key[16], const uint64_t *w, size_t n,
                                            int c, int d)
 {
@@ -93,16 +60,6 @@ static inline uint64_t kvidx_siphash_words(const uint8_t key[16], const uint64_t
     for (int r = 0; r < d; r++)
         KVIDX_SIP_ROUND;
     return v0 ^ v1 ^ v2 ^ v3;
-}
-
-static inline uint64_t kvidx_siphash13(const uint8_t key[16], const void *in, size_t n)
-{
-    return kvidx_siphash(key, in, n, 1, 3);
-}
-
-static inline uint64_t kvidx_siphash24(const uint8_t key[16], const void *in, size_t n)
-{
-    return kvidx_siphash(key, in, n, 2, 4);
 }
 
 #endif
