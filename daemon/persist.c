@@ -1117,8 +1117,9 @@ static int apply_state(kvidx_index_t *idx, const kvidx_key_t *k, uint64_t size, 
  * batches while the calling thread loads the previous batch into the index
  * (decoding is about a third of a restore). A layout record ends a batch,
  * so records reach the index and the layouts in file order. */
-#define BATCH 16384
-#define NBUF  4
+#define BATCH          16384
+#define JOURNALS_MERGE 8 /* journals replayed at a start that make a snapshot due */
+#define NBUF           4
 
 typedef struct load_buf {
     kvidx_load_t *items;
@@ -1577,6 +1578,13 @@ int persist_open(struct app *app)
     p->good_len = KVIDX_JOURNAL_HEADER_LEN;
     if (next_gen)
         delete_below(p, next_gen);
+    /* Every start opens a new generation: restarts with few writes in
+     * between would pile up small journals, each replayed at every start.
+     * Past JOURNALS_MERGE of them, the first snapshot is due at once. */
+    if (replayed >= JOURNALS_MERGE && p->journal_bytes < app->cfg.snapshot_journal_bytes) {
+        log_info("%zu journals since the last snapshot: snapshotting to merge them", replayed);
+        p->journal_bytes = app->cfg.snapshot_journal_bytes;
+    }
     kvidx_index_stats_t st;
     kvidx_index_stats(app->keystore->idx, &st);
     double t2 = now_s();

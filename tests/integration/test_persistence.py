@@ -17,7 +17,8 @@ What is checked:
   fatal), and what is written afterwards survives the next kill -9;
 * a corrupt or truncated snapshot refuses to start (non-zero exit, the file
   named) and is neither served nor destroyed;
-* snapshots rotate the journal and old journals are removed;
+* snapshots rotate the journal and old journals are removed; many restarts
+  with few writes merge their journals by a snapshot;
 * page tokens survive a restart; the secret file is 0600;
 * pins and prefetch handles do not survive a restart (ids from before: 404);
 * /readyz is never 200 before the restored data is queryable; READY=1 too;
@@ -735,6 +736,44 @@ class Snapshots(PersistenceBase):
         self.assert_same_state(before, self.state(d), "after a clean restart with snapshots")
         self.stop(d)
 
+    def snapshot_leaves_one_journal(self, d, dd, timeout):
+        """Waits for a snapshot of d, then for the journals it covers to go;
+        restarts the daemon on dd and returns the new one, ready."""
+        self.assertTrue(d.wait_log(r"snapshot: generation \d+ written", timeout), d.log()[-3000:])
+        end = time.monotonic() + 10
+        while len(journals(dd)) > 1 and time.monotonic() < end:
+            time.sleep(0.1)
+        self.assertEqual(len(journals(dd)), 1, listing_of(dd))
+        self.stop(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        return d
+
+    def test_many_restarts_merge_their_journals(self):
+        # Every start opens a new journal generation. Restarts with a few
+        # writes each must not pile journals up until the size threshold:
+        # at the 8th journal a start snapshots at once, and the small
+        # journals go.
+        dd = self.new_dir()
+        ks = []
+        for r in range(8):
+            d = self.start(dd, fsync="always", snapshot_journal_bytes="1GiB")
+            self.wait_ready(d)
+            k = key(r, "restarts")
+            self.put(d, [k])
+            ks.append(k)
+            self.stop(d)
+        self.assertEqual(len(journals(dd)), 8, listing_of(dd))
+        self.assertNotIn(SNAPSHOT, os.listdir(dd))
+        d = self.start(dd, fsync="always", snapshot_journal_bytes="1GiB")
+        self.wait_ready(d)
+        self.assertTrue(d.wait_log(r"journals since the last snapshot: snapshotting", 10),
+                        d.log()[-3000:])
+        d = self.snapshot_leaves_one_journal(d, dd, 30)
+        self.assertNotRegex(d.log(), r"snapshotting to merge")
+        self.assert_present(d, ks)
+        self.stop(d)
+
     def test_failed_snapshot_retries_without_new_generations(self):
         # snapshot.tmp is a directory: every snapshot fails. A retry must
         # not rotate to a new journal generation each time (a failing disk
@@ -757,14 +796,7 @@ class Snapshots(PersistenceBase):
         os.rmdir(os.path.join(dd, "snapshot.tmp"))
         more = [key(1000 + i, "snapfail") for i in range(10)]
         self.put(d, more)
-        self.assertTrue(d.wait_log(r"snapshot: generation \d+ written", 25), d.log()[-3000:])
-        end = time.monotonic() + 10
-        while len(journals(dd)) > 1 and time.monotonic() < end:
-            time.sleep(0.1)
-        self.assertEqual(len(journals(dd)), 1, listing_of(dd))
-        self.stop(d)
-        d = self.start(dd)
-        self.wait_ready(d)
+        d = self.snapshot_leaves_one_journal(d, dd, 25)
         self.assert_present(d, ks + more)
         self.stop(d)
 
