@@ -592,15 +592,16 @@ Test(rules, chunk_hash_hex)
     expect_rejected(&in, "chunk_hash_hex", "space");
 }
 
-/* Every byte value at every position of a 24-digit hash (the word-wide
- * decoder's 8-digit steps and the tail): accepted exactly when it is a hex
- * digit, and then decoded to the value of that digit. */
+/* Every byte value at every position of a 26-digit hash (the decoder's
+ * 16-digit SSE2 step, its 8-digit word step and the 2-digit tail):
+ * accepted exactly when it is a hex digit, and then decoded to the value
+ * of that digit. */
 Test(rules, chunk_hash_hex_every_byte_everywhere)
 {
     static const char digits[] = "0123456789abcdef";
-    for (size_t pos = 0; pos < 24; pos++) {
+    for (size_t pos = 0; pos < 26; pos++) {
         for (unsigned c = 0; c < 256; c++) {
-            char hex[24];
+            char hex[26];
             for (size_t i = 0; i < sizeof(hex); i++)
                 hex[i] = digits[(i * 7 + 3) % 16];
             hex[pos] = (char)c;
@@ -608,7 +609,7 @@ Test(rules, chunk_hash_hex_every_byte_everywhere)
                        : (c >= 'a' && c <= 'f') ? (int)(c - 'a' + 10)
                        : (c >= 'A' && c <= 'F') ? (int)(c - 'A' + 10)
                                                 : -1;
-            uint8_t out[12];
+            uint8_t out[13];
             uint8_t len = 0;
             kvidx_reason_t why;
             int rc = kvidx_key_hash_from_hex(hex, sizeof(hex), out, &len, &why);
@@ -617,8 +618,8 @@ Test(rules, chunk_hash_hex_every_byte_everywhere)
                 continue;
             }
             cr_assert_eq(rc, 0, "byte 0x%02x at %zu refused", c, pos);
-            cr_assert_eq(len, 12);
-            for (size_t i = 0; i < 24; i++) {
+            cr_assert_eq(len, 13);
+            for (size_t i = 0; i < 26; i++) {
                 int d = i == pos ? want : (int)((i * 7 + 3) % 16);
                 int got = i % 2 ? out[i / 2] & 0xf : out[i / 2] >> 4;
                 cr_assert_eq(got, d, "digit %zu with byte 0x%02x at %zu", i, c, pos);
