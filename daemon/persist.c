@@ -110,7 +110,9 @@ struct persist {
     pid_t child;
     uint64_t child_gen;
     uint64_t snap_retry_ms;
-    int gap;              /* a change could not be journaled (out of memory) */
+    int gap;              /* a change could not be journaled (out of memory), or a hole */
+    int hole;             /* a lost fsync may have left a hole in the current journal: the
+                             next snapshot must rotate (a retry too), so that it goes */
     uint64_t gap_epoch;   /* counts such changes */
     uint64_t child_epoch; /* gap_epoch when the running snapshot forked */
     /* loop time before which no snapshot starts */ /* next generation of the snapshot being
@@ -398,7 +400,7 @@ static void writer_main(void *arg)
                 ok = 0;
             } else {
                 if (fdatasync(p->fd) != 0)
-                    (void)0; /* everything in it was synced as policy asks */
+                    sync_failed(p); /* under always everything in it was synced */
                 close(p->fd);
                 p->fd = nfd;
                 p->wgen = gen;
@@ -769,6 +771,7 @@ static void on_async(uv_async_t *h)
         log_error("journal: an fsync failed after its records were written; they may be "
                   "missing on disk. Refusing writes until the next snapshot holds every change");
         p->gap = 1;
+        p->hole = 1;
         p->gap_epoch++;
     }
     if (failing && !p->failing_seen)
@@ -947,11 +950,13 @@ static void maybe_snapshot(struct persist *p)
         uv_mutex_unlock(&p->mu);
         return;
     }
-    if (p->snap_failed) {
+    if (p->snap_failed && !p->hole) {
         /* A retry: the generations below cur_gen are the failed
          * snapshot's, already closed. Snapshot "below cur_gen" without a
          * new generation: the image also holds a prefix of cur_gen, which
-         * replay applies again on top (records are idempotent states). */
+         * replay applies again on top (records are idempotent states).
+         * Not after a lost fsync: cur_gen may hold the hole, and only a
+         * rotation lets the snapshot delete it. */
         next = p->cur_gen;
     } else {
         p->rot_seq = p->appended_seq;
@@ -1020,6 +1025,7 @@ static void on_reap(uv_timer_t *t)
         p->snap_failed = 0;
         if (p->gap && p->gap_epoch == p->child_epoch) {
             p->gap = 0;
+            p->hole = 0; /* the snapshot rotated past it; its journals go now */
             log_info("journal: the snapshot holds every change; accepting writes again");
         }
         uv_mutex_lock(&p->mu);
@@ -1192,7 +1198,12 @@ static void reader_main(void *arg)
 static int load_batch(kvidx_index_t *idx, struct layouts *layouts, const load_buf_t *b,
                       const char **why)
 {
-    if (b->n && kvidx_index_load(idx, b->items, b->n, NULL) != 0) {
+    int rc = b->n ? kvidx_index_load(idx, b->items, b->n, NULL) : 0;
+    if (rc == KVIDX_ENOMEM) {
+        *why = "out of memory";
+        return rc;
+    }
+    if (rc != 0) {
         *why = "the index refused a key (duplicate, capacity or a bad key)";
         return KVIDX_EINVAL;
     }
