@@ -125,6 +125,7 @@ static void fuzz_input(const uint8_t *data, size_t size)
     }
 
     kvidx_key_input_t in;
+    memset(&in, 0, sizeof(in));
     char scratch[64];
     make_field(&in.chunk_hash_hex, flags, p[0], len[0], scratch);
     make_field(&in.model_name, flags >> 2, p[1], len[1], scratch);
