@@ -324,8 +324,8 @@ static int ptrs_reserve(uint8_t ***a, uint32_t *cap, uint32_t want)
 }
 
 /* Makes sure k more records of class cls can be taken without allocating.
- * Chunks come in blocks that double with the slab (up to 64 chunks, 4-11
- * MiB), so a big index is a few hundred huge-page-backed blocks instead of
+ * Chunks come in blocks that double with the slab (up to 64 chunks, 7-21
+ * MiB), so a big index is a few dozen huge-page-backed blocks instead of
  * thousands of small mappings. */
 static int slab_reserve(slab_t *s, uint64_t k)
 {
@@ -431,7 +431,8 @@ static uint64_t tk_hash(const kvidx_index_t *idx, uint32_t ns_id, const tkey_t *
 
 /* Reuses the parts of tk_hash across the keys of one batch: A of the last
  * (namespace, group, hash), B of the last 8 ranks (direct-mapped on the
- * rank's low byte, which is the worker's local rank in a packed kv_rank). */
+ * rank's low 3 bits, the low bits of the worker's local rank in a packed
+ * kv_rank). */
 typedef struct hcache {
     int a_valid;
     uint32_t ns_id;
