@@ -1007,6 +1007,32 @@ class StorageUnavailable(PersistenceBase):
         return d.request("PUT", "/v1/keys", {"tier": tier, "entries": [
             {"key": k, "size_bytes": size} for k in ks]})
 
+    def start_failsync(self, dd, **settings):
+        """A daemon on dd whose fsyncs fail while the returned flag file
+        exists."""
+        flag = dd + ".failsync"
+        self.addCleanup(lambda: os.path.exists(flag) and os.unlink(flag))
+        d = self.start(dd, daemon_cls=failsync_daemon(flag), fsync="everysec", **settings)
+        self.wait_ready(d)
+        return d, flag
+
+    def hole_goes_and_writes_resume(self, d, dd, holed, later):
+        """After a lost fsync: a snapshot is written, a PUT of later is
+        accepted again, and the journal holed is deleted."""
+        self.assertTrue(d.wait_log(r"snapshot: generation \d+ written", 40), d.log()[-3000:])
+        end = time.monotonic() + 15
+        while True:
+            r = self.put_raw(d, later)
+            if r.status == 200 or time.monotonic() > end:
+                break
+            time.sleep(0.1)
+        self.assertEqual(r.status, 200, "writes did not resume after the snapshot: %r" % r)
+        end = time.monotonic() + 10
+        while holed in journals(dd) and time.monotonic() < end:
+            time.sleep(0.1)
+        self.assertNotIn(holed, journals(dd), "the journal that may hold a hole is still there: %r"
+                         % listing_of(dd))
+
     def test_file_size_limit_answers_503_not_a_crash(self):
         # The daemon itself ignores SIGXFSZ (no wrapper here): a journal
         # write past RLIMIT_FSIZE fails with EFBIG and answers 503.
@@ -1204,10 +1230,7 @@ class StorageUnavailable(PersistenceBase):
         # until a snapshot holds the whole state, then deletes the journal
         # with the hole; every key acknowledged survives a restart.
         dd = self.new_dir()
-        flag = dd + ".failsync"
-        self.addCleanup(lambda: os.path.exists(flag) and os.unlink(flag))
-        d = self.start(dd, daemon_cls=failsync_daemon(flag), fsync="everysec")
-        self.wait_ready(d)
+        d, flag = self.start_failsync(dd)
         first = [key(i, "lostsync") for i in range(200)]
         self.put(d, first)
         holed = newest_journal(dd)
@@ -1217,19 +1240,8 @@ class StorageUnavailable(PersistenceBase):
         r = self.put_raw(d, [key(500, "lostsync")])
         self.assertEqual(r.status, 503, r)
         os.unlink(flag)
-        self.assertTrue(d.wait_log(r"snapshot: generation \d+ written", 30), d.log()[-3000:])
         later = [key(600, "lostsync")]
-        end = time.monotonic() + 10
-        while True:
-            r = self.put_raw(d, later)
-            if r.status == 200 or time.monotonic() > end:
-                break
-            time.sleep(0.1)
-        self.assertEqual(r.status, 200, "writes did not resume after the snapshot: %r" % r)
-        end = time.monotonic() + 10
-        while holed in journals(dd) and time.monotonic() < end:
-            time.sleep(0.1)
-        self.assertNotIn(holed, journals(dd), listing_of(dd))
+        self.hole_goes_and_writes_resume(d, dd, holed, later)
         self.stop(d)
         d = self.start(dd)
         self.wait_ready(d)
@@ -1245,11 +1257,7 @@ class StorageUnavailable(PersistenceBase):
         # a rotation lets the snapshot delete it. (Found in review: the
         # retry used to clear the refusal with the holed journal current.)
         dd = self.new_dir()
-        flag = dd + ".failsync"
-        self.addCleanup(lambda: os.path.exists(flag) and os.unlink(flag))
-        d = self.start(dd, daemon_cls=failsync_daemon(flag), fsync="everysec",
-                       snapshot_journal_bytes="4KiB")
-        self.wait_ready(d)
+        d, flag = self.start_failsync(dd, snapshot_journal_bytes="4KiB")
         os.mkdir(os.path.join(dd, "snapshot.tmp"))
         ks = [key(i, "hole") for i in range(300)]
         self.put(d, ks)
@@ -1262,20 +1270,8 @@ class StorageUnavailable(PersistenceBase):
                         d.log()[-3000:])
         os.unlink(flag)
         os.rmdir(os.path.join(dd, "snapshot.tmp"))
-        self.assertTrue(d.wait_log(r"snapshot: generation \d+ written", 40), d.log()[-3000:])
         later = [key(600, "hole")]
-        end = time.monotonic() + 15
-        while True:
-            r = self.put_raw(d, later)
-            if r.status == 200 or time.monotonic() > end:
-                break
-            time.sleep(0.2)
-        self.assertEqual(r.status, 200, "writes did not resume: %r" % r)
-        end = time.monotonic() + 10
-        while holed in journals(dd) and time.monotonic() < end:
-            time.sleep(0.1)
-        self.assertNotIn(holed, journals(dd), "the journal that may hold a hole is still there: %r"
-                         % listing_of(dd))
+        self.hole_goes_and_writes_resume(d, dd, holed, later)
         self.stop(d)
         d = self.start(dd)
         self.wait_ready(d)
