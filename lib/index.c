@@ -372,6 +372,22 @@ static kvidx_ref_t rec_take(kvidx_index_t *idx, unsigned cls)
     return (kvidx_ref_t)cls << CLASS_SHIFT | slot;
 }
 
+/* Takes a record and writes key k of namespace ns into it, with size
+ * bytes, no L1 copy and no L2 copy yet; slab_reserve must have made room. */
+static kvidx_ref_t rec_new(kvidx_index_t *idx, const ns_t *ns, const kvidx_key_t *k, uint64_t size)
+{
+    kvidx_ref_t ref = rec_take(idx, hash_class(k->hash_len));
+    uint8_t *r = rec_at(idx, ref);
+    st32(r, ns->id);
+    st32(r + 4, k->kv_rank);
+    st32(r + 8, 0);
+    st16(r + 12, k->group);
+    r[14] = k->hash_len;
+    rec_set_size(r, size);
+    memcpy(r + REC_HDR, k->hash, k->hash_len);
+    return ref;
+}
+
 static void rec_release(kvidx_index_t *idx, kvidx_ref_t ref)
 {
     slab_t *s = &idx->slabs[ref >> CLASS_SHIFT];
@@ -1883,15 +1899,8 @@ int kvidx_index_put_batch(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put
             ns_drop_if_empty(idx, ns);
             goto fail;
         }
-        ref = rec_take(idx, hash_class(k->hash_len));
+        ref = rec_new(idx, ns, k, it->size_bytes);
         uint8_t *r = rec_at(idx, ref);
-        st32(r, ns->id);
-        st32(r + 4, k->kv_rank);
-        st32(r + 8, 0);
-        st16(r + 12, k->group);
-        r[14] = k->hash_len;
-        rec_set_size(r, it->size_bytes);
-        memcpy(r + REC_HDR, k->hash, k->hash_len);
         tkey_t t = rec_tkey(r);
         tree_insert(idx, ns, &t, ref);
         ht_insert(idx, ref, tk_hash_cached(idx, &hc, ns->id, &t));
@@ -2065,15 +2074,8 @@ int kvidx_index_load(kvidx_index_t *idx, const kvidx_load_t *items, size_t n, si
         rc = tree_prepare(idx, ns);
         if (rc)
             goto fail;
-        kvidx_ref_t ref = rec_take(idx, hash_class(k->hash_len));
+        kvidx_ref_t ref = rec_new(idx, ns, k, it->size_bytes);
         uint8_t *r = rec_at(idx, ref);
-        st32(r, ns->id);
-        st32(r + 4, k->kv_rank);
-        st32(r + 8, 0);
-        st16(r + 12, k->group);
-        r[14] = k->hash_len;
-        rec_set_size(r, it->size_bytes);
-        memcpy(r + REC_HDR, k->hash, k->hash_len);
         if (append) {
             tree_append(idx, ns, ref);
         } else {
