@@ -278,63 +278,31 @@ static int key_object(struct cur *c, kvidx_key_t *k, const kvidx_key_t *prev, si
     return kvidx_key_from_input(&in, k, NULL) == 0 ? 0 : -1;
 }
 
-/* The keys array at c->p ('['). */
-static int keys_array(struct cur *c, struct keyscan *ks, uint64_t max, size_t *values)
+static void set_array(struct keyscan *ks, int keys, void *arr)
 {
-    /* A key object takes at least 50 bytes: one allocation usually. */
-    size_t cap = (size_t)(c->e - c->p) / 48 + 1;
-    if (cap > 4096)
-        cap = 4096;
-    ks->keys = malloc(cap * sizeof(*ks->keys));
-    if (!ks->keys)
-        return -1;
-    c->p++;
-    (*values)++;
-    skip_ws(c);
-    if (c->p < c->e && *c->p == ']') {
-        c->p++;
-        return 0;
-    }
-    for (;;) {
-        skip_ws(c);
-        if (c->p == c->e || *c->p != '{')
-            return -1;
-        if (ks->n == max)
-            return -1; /* more keys than a request may hold: the cJSON path answers */
-        if (ks->n == cap) {
-            kvidx_key_t *k = realloc(ks->keys, 2 * cap * sizeof(*k));
-            if (!k)
-                return -1;
-            ks->keys = k;
-            cap *= 2;
-        }
-        if (key_object(c, &ks->keys[ks->n], ks->n ? &ks->keys[ks->n - 1] : NULL, values) != 0)
-            return -1;
-        ks->n++;
-        skip_ws(c);
-        if (c->p == c->e)
-            return -1;
-        if (*c->p == ']') {
-            c->p++;
-            return 0;
-        }
-        if (*c->p != ',')
-            return -1;
-        c->p++;
-        (*values)++;
-    }
+    if (keys)
+        ks->keys = arr;
+    else
+        ks->strs = arr;
 }
 
-/* The chunk_hashes array at c->p ('['): plain strings only (what they
- * hold is judged later, from these bytes, as from cJSON's). */
-static int strings_array(struct cur *c, struct keyscan *ks, uint64_t max, size_t *values)
+/* The array at c->p ('['): key objects into ks->keys (keys), or plain
+ * strings into ks->strs (the chunk_hashes, whose bytes are judged later,
+ * as cJSON's would be). More than max elements, or any other element, and
+ * the cJSON path answers. */
+static int scan_array(struct cur *c, struct keyscan *ks, int keys, uint64_t max, size_t *values)
 {
-    size_t cap = (size_t)(c->e - c->p) / 4 + 1;
+    /* A key object takes at least 50 bytes, a string 2 plus a comma: one
+     * allocation usually. */
+    size_t esize = keys ? sizeof(*ks->keys) : sizeof(*ks->strs);
+    size_t cap = (size_t)(c->e - c->p) / (keys ? 48 : 4) + 1;
     if (cap > 4096)
         cap = 4096;
-    ks->strs = malloc(cap * sizeof(*ks->strs));
-    if (!ks->strs)
+    size_t *n = keys ? &ks->n : &ks->nstrs;
+    void *arr = malloc(cap * esize);
+    if (!arr)
         return -1;
+    set_array(ks, keys, arr);
     c->p++;
     (*values)++;
     skip_ws(c);
@@ -344,19 +312,25 @@ static int strings_array(struct cur *c, struct keyscan *ks, uint64_t max, size_t
     }
     for (;;) {
         skip_ws(c);
-        if (ks->nstrs == max)
+        if (*n == max)
             return -1;
-        if (ks->nstrs == cap) {
-            struct keyscan_str *a = realloc(ks->strs, 2 * cap * sizeof(*a));
+        if (*n == cap) {
+            void *a = realloc(arr, 2 * cap * esize);
             if (!a)
                 return -1;
-            ks->strs = a;
+            set_array(ks, keys, arr = a);
             cap *= 2;
         }
-        struct keyscan_str *str = &ks->strs[ks->nstrs];
-        if (plain_string(c, &str->s, &str->n) != 0)
+        int rc;
+        if (keys)
+            rc = c->p < c->e && *c->p == '{'
+                     ? key_object(c, &ks->keys[*n], *n ? &ks->keys[*n - 1] : NULL, values)
+                     : -1;
+        else
+            rc = plain_string(c, &ks->strs[*n].s, &ks->strs[*n].n);
+        if (rc != 0)
             return -1;
-        ks->nstrs++;
+        (*n)++;
         skip_ws(c);
         if (c->p == c->e)
             return -1;
@@ -412,7 +386,7 @@ int keyscan_body(const struct request *req, int what, struct keyscan *ks)
     const char *a0 = c.p;
     size_t values = 0;
     uint64_t max = app ? app->cfg.max_keys_per_request : 262144;
-    if ((keys ? keys_array(&c, ks, max, &values) : strings_array(&c, ks, max, &values)) != 0) {
+    if (scan_array(&c, ks, keys, max, &values) != 0) {
         keyscan_free(ks);
         return 1;
     }
