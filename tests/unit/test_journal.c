@@ -330,6 +330,21 @@ Test(index_change_hook, stores_deletes_evictions_loads_temporary)
 
 /* ---- the bulk loader a restore uses ---- */
 
+/* Every item is in idx with its size and its tiers. */
+static void assert_loaded(const kvidx_index_t *idx, const kvidx_load_t *items, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        kvidx_ref_t r;
+        kvidx_entry_info_t info;
+        cr_assert_eq(kvidx_index_find(idx, &items[i].key, &r), 0, "key %zu", i);
+        cr_assert_eq(kvidx_index_info(idx, r, &info), 0);
+        cr_assert_eq(info.size_bytes, items[i].size_bytes);
+        cr_assert_eq(info.l2, (items[i].tiers & KVIDX_DURABLE_L2) != 0);
+        cr_assert_eq(info.l1_state,
+                     items[i].tiers & KVIDX_DURABLE_L1 ? KVIDX_L1_READY : KVIDX_L1_NONE);
+    }
+}
+
 Test(index_load, same_state_as_stores_and_refuses_duplicates)
 {
     kvidx_index_opts_t o;
@@ -367,16 +382,7 @@ Test(index_load, same_state_as_stores_and_refuses_duplicates)
     cr_assert_eq(sa.l2_keys, sb.l2_keys);
     cr_assert_eq(sa.l2_bytes, sb.l2_bytes);
     cr_assert_eq(sa.l1_evictable_bytes, sb.l1_evictable_bytes);
-    for (size_t i = 0; i < N; i++) {
-        kvidx_ref_t r;
-        kvidx_entry_info_t info;
-        cr_assert_eq(kvidx_index_find(a, &items[i].key, &r), 0, "key %zu", i);
-        cr_assert_eq(kvidx_index_info(a, r, &info), 0);
-        cr_assert_eq(info.size_bytes, items[i].size_bytes);
-        cr_assert_eq(info.l2, (items[i].tiers & KVIDX_DURABLE_L2) != 0);
-        cr_assert_eq(info.l1_state,
-                     items[i].tiers & KVIDX_DURABLE_L1 ? KVIDX_L1_READY : KVIDX_L1_NONE);
-    }
+    assert_loaded(a, items, N);
     /* A key already present, or twice in one call: ECONFLICT at its index. */
     size_t bad = 0;
     cr_assert_eq(kvidx_index_load(a, items + 7, 1, &bad), KVIDX_ECONFLICT);
@@ -428,13 +434,7 @@ Test(index_load, large_batches_in_and_out_of_order)
         items[j] = t;
     }
     cr_assert_eq(kvidx_index_load(a, items, N, NULL), 0);
-    for (size_t i = 0; i < N; i++) {
-        kvidx_ref_t r;
-        kvidx_entry_info_t info;
-        cr_assert_eq(kvidx_index_find(a, &items[i].key, &r), 0, "key %zu", i);
-        cr_assert_eq(kvidx_index_info(a, r, &info), 0);
-        cr_assert_eq(info.size_bytes, items[i].size_bytes);
-    }
+    assert_loaded(a, items, N);
     /* Listed in key order. */
     static kvidx_load_t sorted[N];
     memcpy(sorted, items, sizeof(items));
