@@ -20,12 +20,7 @@ enum { BATCH = 1000 };
 
 static kvidx_index_t *load(size_t nkeys, uint8_t hash_len, double *secs)
 {
-    kvidx_index_opts_t o;
-    memset(&o, 0, sizeof(o));
-    o.has_seed = 1;
-    kvidx_index_t *idx;
-    if (kvidx_index_new(&o, &idx))
-        exit(1);
+    kvidx_index_t *idx = bench_new_index();
     static kvidx_put_t items[BATCH];
     for (size_t i = 0; i < BATCH; i++) {
         memset(&items[i].key, 0, sizeof(items[i].key));

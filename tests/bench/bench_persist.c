@@ -28,17 +28,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static kvidx_index_t *new_index(void)
-{
-    kvidx_index_opts_t o;
-    memset(&o, 0, sizeof(o));
-    o.has_seed = 1;
-    kvidx_index_t *idx;
-    if (kvidx_index_new(&o, &idx))
-        exit(1);
-    return idx;
-}
-
 static void fill_key(kvidx_key_t *k)
 {
     memset(k, 0, sizeof(*k));
@@ -56,7 +45,7 @@ static void bench_restore(const char *dir, size_t nkeys)
 {
     /* Filled with the bulk loader in key order (hash = big-endian counter,
      * then random bytes) to keep the run short; one key in 8 has L1. */
-    kvidx_index_t *idx = new_index();
+    kvidx_index_t *idx = bench_new_index();
     enum { B = 65536 };
     static kvidx_load_t items[B];
     double tf = now();
@@ -268,7 +257,7 @@ int main(int argc, char **argv)
         /* Profiling aid: load an existing dir/snapshot.kvs and exit. */
         char path[1200];
         snprintf(path, sizeof(path), "%s/snapshot.kvs", dir);
-        kvidx_index_t *idx = new_index();
+        kvidx_index_t *idx = bench_new_index();
         struct layouts *l = layouts_new();
         uint64_t gen, k, nl;
         const char *why = NULL;

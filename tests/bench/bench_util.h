@@ -1,14 +1,18 @@
 /*
  * Small helpers every benchmark program uses: a monotonic clock, the
- * process's resident set, and a fixed-seed xorshift generator (so runs
- * are repeatable). Header-only, static inline: every tests/bench/bench_*.c
- * is its own program.
+ * process's resident set, a fixed-seed xorshift generator and an index
+ * with a fixed hash seed (so runs are repeatable). Header-only, static inline: every
+ * tests/bench/bench_*.c is its own program.
  */
 #ifndef KVIDX_BENCH_UTIL_H
 #define KVIDX_BENCH_UTIL_H
 
+#include "kvidx/index.h"
+
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,6 +44,18 @@ static inline uint64_t rnd(void)
     rng ^= rng >> 7;
     rng ^= rng << 17;
     return rng;
+}
+
+/* A new index with a fixed hash seed; exits on failure. */
+static inline kvidx_index_t *bench_new_index(void)
+{
+    kvidx_index_opts_t o;
+    memset(&o, 0, sizeof(o));
+    o.has_seed = 1;
+    kvidx_index_t *idx;
+    if (kvidx_index_new(&o, &idx))
+        exit(1);
+    return idx;
 }
 
 #endif
