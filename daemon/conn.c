@@ -187,6 +187,18 @@ static void discard_all(struct conn *c)
     }
 }
 
+/* Parses nothing more and drops the message being received, if any; the
+ * requests received whole are still answered. */
+static void stop_receiving(struct conn *c)
+{
+    c->stop_parsing = 1;
+    if (c->cur) {
+        pending_free(c->cur);
+        c->cur = NULL;
+        c->in_message = 0;
+    }
+}
+
 static size_t unsent(const struct conn *c)
 {
     return c->out.len + c->wbuf.len;
@@ -754,12 +766,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b)
     }
     /* EOF: answer what was received completely, then close. */
     c->peer_eof = 1;
-    c->stop_parsing = 1;
-    if (c->cur) {
-        pending_free(c->cur);
-        c->cur = NULL;
-        c->in_message = 0;
-    }
+    stop_receiving(c);
     pump(c);
 }
 
@@ -1028,12 +1035,7 @@ void conn_drain(struct conn *c)
     if (c->closing)
         return;
     c->draining = 1;
-    c->stop_parsing = 1;
-    if (c->cur) {
-        pending_free(c->cur);
-        c->cur = NULL;
-        c->in_message = 0;
-    }
+    stop_receiving(c);
     if (!c->qhead && unsent(c) == 0) {
         conn_close(c);
         return;
