@@ -519,6 +519,17 @@ class TornTail(PersistenceBase):
                         "journal tail:\n" + d.log())
         return d
 
+    def write_crash_restart(self, d, dd, new, kept):
+        """Writes the batches new on d, kill -9s it, restarts on dd and
+        checks that the batches kept + new are there: what is written after
+        a repair survives the next crash. Returns the restarted daemon."""
+        self.write(d, new)
+        self.kill9(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, [k for n in list(kept) + list(new) for k in self.batch(n)])
+        return d
+
     def newest_nonempty(self, dd):
         j = newest_journal(dd)
         self.assertIsNotNone(j, "no journal file in %s: %s" % (dd, listing_of(dd)))
@@ -541,11 +552,7 @@ class TornTail(PersistenceBase):
         self.last_batch_found(d, 9)
         # what is written after the repair survives the next crash: the new
         # records must not sit behind garbage that a replay stops at
-        self.write(d, [10, 11])
-        self.kill9(d)
-        d = self.start(dd)
-        self.wait_ready(d)
-        self.assert_present(d, [k for n in list(range(9)) + [10, 11] for k in self.batch(n)])
+        d = self.write_crash_restart(d, dd, [10, 11], range(9))
         self.stop(d)
         d = self.start(dd)
         self.wait_ready(d)
@@ -563,11 +570,7 @@ class TornTail(PersistenceBase):
             f.write(bytes(self.rng.randrange(256) for _ in range(37)))
         d = self.damaged_start(dd)
         self.assert_present(d, [k for n in range(5) for k in self.batch(n)])
-        self.write(d, [5])
-        self.kill9(d)
-        d = self.start(dd)
-        self.wait_ready(d)
-        self.assert_present(d, [k for n in range(6) for k in self.batch(n)])
+        d = self.write_crash_restart(d, dd, [5], range(5))
         self.stop(d)
 
     def test_zeroed_tail(self):
@@ -582,11 +585,7 @@ class TornTail(PersistenceBase):
         d = self.start(dd)
         self.wait_ready(d)
         self.assert_present(d, [k for n in range(4) for k in self.batch(n)])
-        self.write(d, [4])
-        self.kill9(d)
-        d = self.start(dd)
-        self.wait_ready(d)
-        self.assert_present(d, [k for n in range(5) for k in self.batch(n)])
+        d = self.write_crash_restart(d, dd, [4], range(4))
         self.stop(d)
 
     def test_flipped_byte_in_last_record(self):
@@ -605,11 +604,7 @@ class TornTail(PersistenceBase):
         self.assert_present(d, [k for n in range(5) for k in self.batch(n)])
         self.assertLess(self.last_batch_found(d, 5), 5,
                         "a record with a bad checksum was applied")
-        self.write(d, [6])
-        self.kill9(d)
-        d = self.start(dd)
-        self.wait_ready(d)
-        self.assert_present(d, [k for n in list(range(5)) + [6] for k in self.batch(n)])
+        d = self.write_crash_restart(d, dd, [6], range(5))
         self.stop(d)
 
 
