@@ -1002,6 +1002,17 @@ class StorageUnavailable(PersistenceBase):
         return d.request("PUT", "/v1/keys", {"tier": tier, "entries": [
             {"key": k, "size_bytes": size} for k in ks]})
 
+    def writes_resume(self, d, ks, size=8, tier="l2", timeout=10,
+                      what="writes did not resume"):
+        """PUTs ks until one is answered 200, for up to timeout seconds."""
+        end = time.monotonic() + timeout
+        while True:
+            r = self.put_raw(d, ks, size=size, tier=tier)
+            if r.status == 200 or time.monotonic() > end:
+                break
+            time.sleep(0.1)
+        self.assertEqual(r.status, 200, "%s: %r" % (what, r))
+
     def start_failsync(self, dd, **settings):
         """A daemon on dd whose fsyncs fail while the returned flag file
         exists."""
@@ -1015,13 +1026,7 @@ class StorageUnavailable(PersistenceBase):
         """After a lost fsync: a snapshot is written, a PUT of later is
         accepted again, and the journal holed is deleted."""
         self.assertTrue(d.wait_log(r"snapshot: generation \d+ written", 40), d.log()[-3000:])
-        end = time.monotonic() + 15
-        while True:
-            r = self.put_raw(d, later)
-            if r.status == 200 or time.monotonic() > end:
-                break
-            time.sleep(0.1)
-        self.assertEqual(r.status, 200, "writes did not resume after the snapshot: %r" % r)
+        self.writes_resume(d, later, timeout=15, what="writes did not resume after the snapshot")
         end = time.monotonic() + 10
         while holed in journals(dd) and time.monotonic() < end:
             time.sleep(0.1)
@@ -1075,13 +1080,7 @@ class StorageUnavailable(PersistenceBase):
         finally:
             resource.prlimit(pid, resource.RLIMIT_FSIZE,
                              (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-        end = time.monotonic() + 10
-        while True:
-            r = self.put_raw(d, [key(3, "pipe")])
-            if r.status == 200 or time.monotonic() > end:
-                break
-            time.sleep(0.1)
-        self.assertEqual(r.status, 200, "writes did not resume: %r" % r)
+        self.writes_resume(d, [key(3, "pipe")])
         self.kill9(d)
         d = self.start(dd)
         self.wait_ready(d)
@@ -1147,13 +1146,7 @@ class StorageUnavailable(PersistenceBase):
                              (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
         # writes resume by themselves
         resumed = [key(900000 + i, "su") for i in range(10)]
-        end = time.monotonic() + 10
-        while True:
-            r = self.put_raw(d, resumed, size=9, tier="l1")
-            if r.status == 200 or time.monotonic() > end:
-                break
-            time.sleep(0.1)
-        self.assertEqual(r.status, 200, "writes did not resume: %r" % r)
+        self.writes_resume(d, resumed, size=9, tier="l1")
         acked += resumed
         more = [key(910000 + i, "su") for i in range(10)]
         self.put(d, more, "l2", size=9)
@@ -1200,13 +1193,7 @@ class StorageUnavailable(PersistenceBase):
         finally:
             resource.prlimit(pid, resource.RLIMIT_FSIZE,
                              (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-        end = time.monotonic() + 10
-        while True:
-            r = self.put_raw(d, [key(3, "pinundo")])
-            if r.status == 200 or time.monotonic() > end:
-                break
-            time.sleep(0.1)
-        self.assertEqual(r.status, 200, "writes did not resume: %r" % r)
+        self.writes_resume(d, [key(3, "pinundo")])
         self.kill9(d)
         d = self.start(dd)
         self.wait_ready(d)
