@@ -13,35 +13,13 @@
 #include "buf.h"
 #include "json.h"
 #include "keyscan.h"
+#include "../unit/keyscan_compare.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
-
-static int same_tree(const cJSON *a, const cJSON *b)
-{
-    for (; a && b; a = a->next, b = b->next) {
-        if ((a->type & 0xff) != (b->type & 0xff))
-            return 0;
-        if (!a->string != !b->string || (a->string && strcmp(a->string, b->string) != 0))
-            return 0;
-        if (cJSON_IsString(a) && strcmp(a->valuestring, b->valuestring) != 0)
-            return 0;
-        if (cJSON_IsNumber(a) && memcmp(&a->valuedouble, &b->valuedouble, sizeof(double)) != 0)
-            return 0;
-        if (!same_tree(a->child, b->child))
-            return 0;
-    }
-    return !a && !b;
-}
-
-static int same_key(const kvidx_key_t *a, const kvidx_key_t *b)
-{
-    return kvidx_key_equal(a, b) && a->model_len == b->model_len && a->salt_len == b->salt_len &&
-           a->hash_len == b->hash_len && a->kv_rank == b->kv_rank && a->group == b->group;
-}
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
 {
