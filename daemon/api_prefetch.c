@@ -586,8 +586,9 @@ static int api_lookup(const struct request *req, struct response *res)
     jw_index_list(&w, "l2_indices", flags, kr.n, LK_L2);
     jw_index_list(&w, "found_indices", flags, kr.n, LK_FOUND);
     jw_key(&w, "hit_keys");
-    jw_u64(&w, kvidx_prefetch_leading_run(found, kr.n));
-    metrics_observe_lookup(req->app->metrics, kvidx_prefetch_leading_run(found, kr.n));
+    size_t hit_keys = kvidx_prefetch_leading_run(found, kr.n);
+    jw_u64(&w, hit_keys);
+    metrics_observe_lookup(req->app->metrics, hit_keys);
     jw_key(&w, "found_bytes");
     jw_u64(&w, bytes);
     jw_key(&w, "hit_chunks");
