@@ -13,7 +13,7 @@
 #include "buf.h"
 #include "json.h"
 #include "keyscan.h"
-#include "../unit/keyscan_compare.h"
+#include "../support/keyscan_compare.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
