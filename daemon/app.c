@@ -1,23 +1,63 @@
 /*
- * Clocks for the daemon. app_now_ms() is the loop's cached monotonic time
- * (what timers compare against), or the raw monotonic clock when there is
- * no loop (unit tests); app_wall_ms() is the wall clock for values that
- * leave the process (expiry timestamps in answers).
+ * Start-up and shut-down of the data subsystems, and the list of every
+ * route table. Order matters: layouts and the key store exist before the
+ * prefetch manager, which pins keys in the store; persistence restores the
+ * store and layouts before the prefetch manager starts; shutdown runs
+ * backwards (the journal is flushed and fsynced before the store is freed).
  */
 #include "app.h"
 
-#include <time.h>
+#include "util/context.h"
+#include "state/keystore.h"
+#include "state/layouts.h"
+#include "state/persist/persist.h"
+#include "state/prefetches.h"
 
-uint64_t app_now_ms(const struct app *app)
+#include "kvidx/err.h"
+
+const struct route *const api_tables[] = {
+    ops_routes, layout_routes, key_routes, prefetch_routes, NULL,
+};
+
+int subsystems_init(struct app *app)
 {
-    if (app && app->loop)
-        return uv_now(app->loop);
-    return uv_hrtime() / 1000000u;
+    app->layouts = layouts_new();
+    if (!app->layouts)
+        return KVIDX_ENOMEM;
+    int rc = keystore_init(app);
+    /* Restore before the prefetch manager and before the server exists:
+     * /readyz cannot answer 200 and READY=1 is not sent until it is done. */
+    if (rc == 0)
+        rc = persist_open(app);
+    if (rc == 0)
+        rc = prefetches_init(app);
+    if (rc != 0) {
+        /* Closes the journal's uv handles; the writer thread stays until
+         * the process exits, which it does at once. */
+        persist_stop(app);
+        keystore_free(app);
+        layouts_free(app->layouts);
+        app->layouts = NULL;
+    }
+    return rc;
 }
 
-uint64_t app_wall_ms(void)
+void subsystems_reload(struct app *app)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    prefetches_reload(app);
+}
+
+void subsystems_stop(struct app *app)
+{
+    prefetches_stop(app);
+    persist_stop(app);
+}
+
+void subsystems_free(struct app *app)
+{
+    prefetches_free(app);
+    persist_free(app);
+    keystore_free(app);
+    layouts_free(app->layouts);
+    app->layouts = NULL;
 }

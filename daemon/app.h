@@ -1,38 +1,24 @@
 /*
- * The daemon's state, one instance, reachable from every request as
- * req->app. Each subsystem owns its struct; app only ties them together.
+ * Start-up and shut-down of the daemon's data subsystems (layouts, key
+ * store, prefetch handles), in one place so main.c calls four functions.
  */
-#ifndef KVIDXD_APP_H
-#define KVIDXD_APP_H
+#ifndef KVIDXD_SUBSYS_H
+#define KVIDXD_SUBSYS_H
 
-#include "config.h"
+#include "net/router.h"
 
-#include <stdint.h>
-#include <uv.h>
+struct app;
 
-struct server;
-struct metrics;
-struct keystore;   /* api_keys.c / api_list.c: the index, layouts, page-token secret */
-struct prefetches; /* api_prefetch.c: handles, leases, loads */
-struct layouts;    /* api_layouts.c: MemoryLayoutDesc registry */
+/* After app->loop, app->cfg and app->metrics exist. 0 or KVIDX_E*. */
+int subsystems_init(struct app *app);
+/* SIGHUP: apply the reloadable settings now in app->cfg. */
+void subsystems_reload(struct app *app);
+/* Shutdown: close every uv handle the subsystems own (before the last uv_run). */
+void subsystems_stop(struct app *app);
+/* After the loop has ended: free everything. */
+void subsystems_free(struct app *app);
 
-struct app {
-    struct config cfg;
-    char config_path[1024]; /* "" when none */
-    uv_loop_t *loop;
-    struct server *server;
-    struct metrics *metrics;
-    struct keystore *keystore;
-    struct prefetches *prefetches;
-    struct layouts *layouts;
-    struct persist *persist; /* persist.c: journal and snapshot; NULL without data_dir */
-    int ready;               /* restored and listening: /readyz 200 */
-    int draining;            /* shutting down: /readyz 503 */
-    uint64_t started_ms;
-};
-
-/* Monotonic and wall clocks in ms (tests use the loop's clock). */
-uint64_t app_now_ms(const struct app *app);
-uint64_t app_wall_ms(void);
+/* Every route table, NULL-terminated, for router.c. */
+extern const struct route *const api_tables[];
 
 #endif

@@ -15,15 +15,15 @@
  * uv_loop_close() succeeds (no handle leaked). A second signal closes the
  * remaining connections at once.
  */
-#include "app.h"
-#include "buf.h"
-#include "config.h"
+#include "util/context.h"
+#include "util/json_write.h"
+#include "util/config.h"
 #include "kvidx/err.h"
-#include "log.h"
-#include "metrics.h"
-#include "sd_notify.h"
-#include "server.h"
-#include "subsys.h"
+#include "util/log.h"
+#include "util/metrics.h"
+#include "util/sd_notify.h"
+#include "net/server.h"
+#include "app.h"
 
 #include <signal.h>
 #include <stdio.h>

@@ -9,7 +9,7 @@
  * Usage: bench_json [rounds] (default 200; each round builds one page).
  */
 #include "bench_util.h"
-#include "buf.h"
+#include "util/json_write.h"
 
 #include <cjson/cJSON.h>
 

@@ -13,8 +13,8 @@
  * Prints "name value unit" lines. Uses KVIDX_BENCH_DIR (default /tmp).
  */
 #include "bench_util.h"
-#include "layouts.h"
-#include "persist.h"
+#include "state/layouts.h"
+#include "state/persist/persist.h"
 
 #include "kvidx/err.h"
 #include "kvidx/index.h"

@@ -6,11 +6,11 @@
  * Small limits make the 413/414/431 paths reachable. The data subsystems
  * are created fresh for every input so that no state carries over.
  */
+#include "util/context.h"
+#include "util/config.h"
+#include "net/conn.h"
+#include "util/metrics.h"
 #include "app.h"
-#include "config.h"
-#include "conn.h"
-#include "metrics.h"
-#include "subsys.h"
 
 #include <uv.h>
 

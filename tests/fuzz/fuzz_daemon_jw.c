@@ -2,7 +2,7 @@
  * Fuzz target for the JSON string escaper: whatever bytes go in, the output
  * must parse with cJSON, and valid UTF-8 without NUL must come back equal.
  */
-#include "buf.h"
+#include "util/json_write.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>

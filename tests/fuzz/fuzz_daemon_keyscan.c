@@ -9,10 +9,10 @@
  * the limits (default app, max_json_depth 2..4, few keys) so that the
  * fall-backs on limits are exercised too. Any disagreement aborts.
  */
-#include "app.h"
-#include "buf.h"
-#include "json.h"
-#include "keyscan.h"
+#include "util/context.h"
+#include "util/json_write.h"
+#include "util/json_read.h"
+#include "util/keyscan.h"
 #include "../support/keyscan_compare.h"
 
 #include <cjson/cJSON.h>

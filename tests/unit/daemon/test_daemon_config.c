@@ -5,7 +5,7 @@
  * --set after the file, config_diff and the reloadable flags. Also checks
  * that conf/kvidxd.conf mentions every setting and loads cleanly.
  */
-#include "config.h"
+#include "util/config.h"
 
 #include "kvidx/err.h"
 

@@ -4,12 +4,12 @@
  * request is fed whole and then one byte at a time; both must give the same
  * output and the same close decision. Also query_get/pct_decode edge cases.
  */
-#include "app.h"
-#include "config.h"
-#include "conn.h"
-#include "http.h"
+#include "util/context.h"
+#include "util/config.h"
+#include "net/conn.h"
+#include "net/http.h"
 #include "kvidx/err.h"
-#include "router.h"
+#include "net/router.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

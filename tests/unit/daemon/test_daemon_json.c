@@ -1,9 +1,9 @@
 /* The streaming JSON writer and the JSON helpers of the daemon. */
 #include <criterion/criterion.h>
 
-#include "buf.h"
-#include "app.h"
-#include "json.h"
+#include "util/json_write.h"
+#include "util/context.h"
+#include "util/json_read.h"
 
 #include "kvidx/err.h"
 

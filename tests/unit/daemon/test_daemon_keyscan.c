@@ -13,10 +13,10 @@
  */
 #include <criterion/criterion.h>
 
-#include "app.h"
-#include "buf.h"
-#include "json.h"
-#include "keyscan.h"
+#include "util/context.h"
+#include "util/json_write.h"
+#include "util/json_read.h"
+#include "util/keyscan.h"
 #include "keyscan_compare.h"
 
 #include "kvidx/err.h"

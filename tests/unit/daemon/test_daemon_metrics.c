@@ -4,7 +4,7 @@
  * samples, samples of a family are contiguous, counters end in _total,
  * histogram buckets rise with le, are cumulative, and +Inf equals _count.
  */
-#include "metrics.h"
+#include "util/metrics.h"
 
 #include <criterion/criterion.h>
 #include <math.h>

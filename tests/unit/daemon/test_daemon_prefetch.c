@@ -6,12 +6,12 @@
  */
 #include <criterion/criterion.h>
 
-#include "app.h"
-#include "config.h"
-#include "keystore.h"
-#include "metrics.h"
-#include "prefetches.h"
-#include "router.h"
+#include "util/context.h"
+#include "util/config.h"
+#include "state/keystore.h"
+#include "util/metrics.h"
+#include "state/prefetches.h"
+#include "net/router.h"
 
 #include "kvidx/err.h"
 #include "kvidx/index.h"

@@ -1,0 +1,622 @@
+/*
+ * The key catalogue over HTTP (SPEC §3.1, §3.2): batch and single-key
+ * stores and deletes, GET of one key, and the paginated listing with signed
+ * page tokens.
+ *
+ * Every write validates the whole request before touching the index, so a
+ * bad request changes nothing; batch stores are all-or-nothing in the index
+ * itself (kvidx_index_put_batch). Listing resumes strictly after the key in
+ * the token, which is what makes a listing exact under concurrent change.
+ */
+#include "state/keystore.h"
+
+#include "util/context.h"
+#include "util/json_read.h"
+#include "state/layouts.h"
+#include "util/log.h"
+#include "util/metrics.h"
+#include "state/persist/persist.h"
+
+#include "kvidx/err.h"
+#include "kvidx/list_query.h"
+
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void on_evict(void *ctx, const kvidx_key_t *key, uint64_t size_bytes, int forgotten)
+{
+    struct app *app = ctx;
+    (void)key;
+    (void)size_bytes;
+    /* Evictions themselves are counted by the index (kvidx_index_stats). */
+    if (app->metrics && forgotten)
+        metrics_add(app->metrics, "kvidx_keys_forgotten_total", 1);
+}
+
+int keystore_init(struct app *app)
+{
+    struct keystore *ks = calloc(1, sizeof(*ks));
+    if (!ks)
+        return KVIDX_ENOMEM;
+    kvidx_index_opts_t opts;
+    memset(&opts, 0, sizeof(opts));
+    opts.l1_capacity_bytes = app->cfg.l1_capacity_bytes;
+    opts.l2_capacity_bytes = app->cfg.l2_capacity_bytes;
+    opts.on_evict = on_evict;
+    opts.on_evict_ctx = app;
+    int rc = kvidx_index_new(&opts, &ks->idx);
+    if (rc != 0) {
+        free(ks);
+        return rc;
+    }
+    kvidx_token_secret_t secret;
+    kvidx_token_keyring_init(&ks->keyring);
+    rc = kvidx_token_secret_generate(&secret);
+    if (rc == 0)
+        rc = kvidx_token_keyring_rotate(&ks->keyring, &secret);
+    sodium_memzero(&secret, sizeof(secret));
+    if (rc != 0) {
+        kvidx_index_free(ks->idx);
+        free(ks);
+        return rc;
+    }
+    ks->app = app;
+    app->keystore = ks;
+    return 0;
+}
+
+void keystore_free(struct app *app)
+{
+    struct keystore *ks = app->keystore;
+    if (!ks)
+        return;
+    kvidx_token_keyring_clear(&ks->keyring);
+    kvidx_index_free(ks->idx);
+    free(ks);
+    app->keystore = NULL;
+}
+
+static struct keystore *ks_of(const struct request *req)
+{
+    return req->app->keystore;
+}
+
+/* "l1" / "l2" / "all" member → tier; absent gives def. 0 or KVIDX_EINVAL. */
+static int parse_tier(const cJSON *v, kvidx_tier_t def, int allow_all, kvidx_tier_t *out)
+{
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsString(v))
+        return KVIDX_EINVAL;
+    if (strcmp(v->valuestring, "l1") == 0)
+        *out = KVIDX_TIER_L1;
+    else if (strcmp(v->valuestring, "l2") == 0)
+        *out = KVIDX_TIER_L2;
+    else if (allow_all && strcmp(v->valuestring, "all") == 0)
+        *out = KVIDX_TIER_ALL;
+    else
+        return KVIDX_EINVAL;
+    return 0;
+}
+
+/* Checks that obj has only the named members (each at most once). Adds an
+ * invalid param per offender, prefixed by where. Returns the count. */
+static size_t check_members(const cJSON *obj, const char *const *names, struct param_errors *pe,
+                            const char *where)
+{
+    size_t bad = 0;
+    unsigned seen = 0;
+    for (const cJSON *m = obj->child; m; m = m->next) {
+        size_t i = 0;
+        for (; names[i]; i++)
+            if (strcmp(m->string, names[i]) == 0)
+                break;
+        if (!names[i] || (seen & (1u << i))) {
+            param_errors_add(pe, names[i] ? "repeated member" : "unknown member", "%s%s", where,
+                             names[i] ? names[i] : "(unknown)");
+            bad++;
+        } else {
+            seen |= 1u << i;
+        }
+    }
+    return bad;
+}
+
+/* Size of a key stored without size_bytes: its model's layout for the key's
+ * world size. */
+static int layout_size_for(const struct request *req, const kvidx_key_t *k, uint64_t *size)
+{
+    return layouts_size(req->app->layouts, k->model, k->model_len,
+                        kvidx_rank_world_size(k->kv_rank), size);
+}
+
+static int answer_put_error(struct response *res, int rc, size_t conflict, size_t n)
+{
+    switch (rc) {
+    case KVIDX_ECONFLICT: {
+        char name[48];
+        struct invalid_param p = {name, "size differs while the key's L1 copy is pinned"};
+        snprintf(name, sizeof(name), "entries[%zu].size_bytes", conflict < n ? conflict : 0);
+        return res_problem(res, KVIDX_ECONFLICT, "cannot resize a pinned key", &p, 1);
+    }
+    case KVIDX_ECAPACITY:
+        return res_problem(res, KVIDX_ECAPACITY,
+                           "no room in the tier even after evicting every unpinned L1 copy", NULL,
+                           0);
+    case KVIDX_ENOMEM:
+        return res_problem(res, KVIDX_ENOMEM, "out of memory; nothing was stored", NULL, 0);
+    default:
+        return res_problem(res, rc, "nothing was stored", NULL, 0);
+    }
+}
+
+/* PUT /v1/keys {"tier", "entries": [KeyEntry...]} */
+static int keys_put(const struct request *req, struct response *res)
+{
+    if (persist_refuse(req, res))
+        return 0;
+    static const char *const top_names[] = {"tier", "entries", NULL};
+    static const char *const entry_names[] = {"key", "size_bytes", NULL};
+    cJSON *body;
+    if (json_parse_body(req, res, &body) != 0)
+        return 0;
+    struct param_errors pe;
+    param_errors_init(&pe);
+    kvidx_put_t *items = NULL;
+    int key_errors = 0, need_layout = 0;
+    kvidx_tier_t tier = KVIDX_TIER_L2;
+    const cJSON *entries = NULL;
+
+    if (!cJSON_IsObject(body)) {
+        param_errors_add(&pe, "must be a JSON object", "body");
+        goto invalid;
+    }
+    check_members(body, top_names, &pe, "");
+    if (parse_tier(cJSON_GetObjectItemCaseSensitive(body, "tier"), KVIDX_TIER_L2, 0, &tier) != 0)
+        param_errors_add(&pe, "must be \"l1\" or \"l2\"", "tier");
+    entries = cJSON_GetObjectItemCaseSensitive(body, "entries");
+    if (!cJSON_IsArray(entries)) {
+        param_errors_add(&pe, "must be an array of KeyEntry objects", "entries");
+        goto invalid;
+    }
+    size_t n = (size_t)cJSON_GetArraySize(entries);
+    if (n > req->app->cfg.max_keys_per_request) {
+        cJSON_Delete(body);
+        param_errors_free(&pe);
+        return res_problemf(res, KVIDX_ETOOMANYKEYS, "%zu entries; at most %llu per request", n,
+                            (unsigned long long)req->app->cfg.max_keys_per_request);
+    }
+    items = calloc(n ? n : 1, sizeof(*items));
+    if (!items) {
+        cJSON_Delete(body);
+        param_errors_free(&pe);
+        return res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
+    }
+    size_t i = 0;
+    for (const cJSON *e = entries->child; e; e = e->next, i++) {
+        if (!cJSON_IsObject(e)) {
+            param_errors_add(&pe, "must be an object {\"key\", \"size_bytes\"}", "entries[%zu]", i);
+            continue;
+        }
+        char where[40];
+        snprintf(where, sizeof(where), "entries[%zu].", i);
+        check_members(e, entry_names, &pe, where);
+        kvidx_reason_t why;
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(e, "key");
+        if (json_to_key(k, &items[i].key, &why) != 0) {
+            char at[48];
+            snprintf(at, sizeof(at), "entries[%zu].key", i);
+            param_errors_key(&pe, &why, at);
+            key_errors++;
+        }
+        const cJSON *sz = cJSON_GetObjectItemCaseSensitive(e, "size_bytes");
+        int rc = json_uint(sz, 1, (double)KVIDX_SIZE_MAX, &items[i].size_bytes);
+        if (rc == 1) {
+            items[i].size_bytes = 0;
+            need_layout = 1;
+        } else if (rc != 0) {
+            param_errors_add(&pe, "must be an integer 1..2^40", "entries[%zu].size_bytes", i);
+        }
+    }
+    if (pe.n)
+        goto invalid;
+    if (need_layout) {
+        for (i = 0; i < n; i++) {
+            if (items[i].size_bytes == 0 &&
+                layout_size_for(req, &items[i].key, &items[i].size_bytes) != 0)
+                param_errors_add(&pe, "no size_bytes and no layout registered for its model",
+                                 "entries[%zu].size_bytes", i);
+        }
+        if (pe.n) {
+            param_errors_respond(&pe, res, KVIDX_ECONFLICT,
+                                 "register a layout (PUT /v1/layouts) or give size_bytes");
+            goto out;
+        }
+    }
+    size_t conflict = 0;
+    int rc = kvidx_index_put_batch(ks_of(req)->idx, tier, items, n, &conflict);
+    if (rc != 0) {
+        answer_put_error(res, rc, conflict, n);
+        goto out;
+    }
+    buf_printf(&res->body, "{\"stored\":%zu}", n);
+    res_json(res, 200);
+    goto out;
+
+invalid:
+    param_errors_respond(&pe, res, key_errors ? KVIDX_EKEY : KVIDX_EINVAL,
+                         key_errors ? "invalid keys; nothing was stored"
+                                    : "invalid request; nothing was stored");
+out:
+    free(items);
+    param_errors_free(&pe);
+    cJSON_Delete(body);
+    return persist_ack(req, res);
+}
+
+/* DELETE /v1/keys {"tier", "force", "keys": [EncodedObjectKey...]} */
+static int keys_delete(const struct request *req, struct response *res)
+{
+    if (persist_refuse(req, res))
+        return 0;
+    static const char *const top_names[] = {"tier", "force", "keys", NULL};
+    cJSON *body;
+    if (json_parse_body(req, res, &body) != 0)
+        return 0;
+    struct param_errors pe;
+    param_errors_init(&pe);
+    kvidx_key_t *keys = NULL;
+    int key_errors = 0;
+    kvidx_tier_t tier = KVIDX_TIER_ALL;
+    int force = 0;
+    const cJSON *list;
+    size_t n = 0;
+
+    if (!cJSON_IsObject(body)) {
+        param_errors_add(&pe, "must be a JSON object", "body");
+        goto invalid;
+    }
+    check_members(body, top_names, &pe, "");
+    if (parse_tier(cJSON_GetObjectItemCaseSensitive(body, "tier"), KVIDX_TIER_ALL, 1, &tier) != 0)
+        param_errors_add(&pe, "must be \"l1\", \"l2\" or \"all\"", "tier");
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(body, "force");
+    if (f && !cJSON_IsBool(f))
+        param_errors_add(&pe, "must be a boolean", "force");
+    force = cJSON_IsTrue(f);
+    list = cJSON_GetObjectItemCaseSensitive(body, "keys");
+    if (!cJSON_IsArray(list)) {
+        param_errors_add(&pe, "must be an array of keys", "keys");
+        goto invalid;
+    }
+    n = (size_t)cJSON_GetArraySize(list);
+    if (n > req->app->cfg.max_keys_per_request) {
+        cJSON_Delete(body);
+        param_errors_free(&pe);
+        return res_problemf(res, KVIDX_ETOOMANYKEYS, "%zu keys; at most %llu per request", n,
+                            (unsigned long long)req->app->cfg.max_keys_per_request);
+    }
+    keys = calloc(n ? n : 1, sizeof(*keys));
+    if (!keys) {
+        cJSON_Delete(body);
+        param_errors_free(&pe);
+        return res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
+    }
+    size_t i = 0;
+    for (const cJSON *k = list->child; k; k = k->next, i++) {
+        kvidx_reason_t why;
+        if (json_to_key(k, &keys[i], &why) != 0) {
+            char at[32];
+            snprintf(at, sizeof(at), "keys[%zu]", i);
+            param_errors_key(&pe, &why, at);
+            key_errors++;
+        }
+    }
+    if (pe.n)
+        goto invalid;
+    uint64_t counts[3] = {0, 0, 0};
+    for (i = 0; i < n; i++) {
+        kvidx_del_outcome_t o = KVIDX_DEL_NOT_FOUND;
+        kvidx_index_delete(ks_of(req)->idx, &keys[i], tier, force, &o);
+        counts[o]++;
+    }
+    buf_printf(&res->body, "{\"deleted\":%llu,\"not_found\":%llu,\"skipped_pinned\":%llu}",
+               (unsigned long long)counts[KVIDX_DEL_DELETED],
+               (unsigned long long)counts[KVIDX_DEL_NOT_FOUND],
+               (unsigned long long)counts[KVIDX_DEL_SKIPPED_PINNED]);
+    res_json(res, 200);
+    goto out;
+
+invalid:
+    param_errors_respond(&pe, res, key_errors ? KVIDX_EKEY : KVIDX_EINVAL,
+                         "invalid request; nothing was deleted");
+out:
+    free(keys);
+    param_errors_free(&pe);
+    cJSON_Delete(body);
+    return persist_ack(req, res);
+}
+
+/* Parses the {canonical} path parameter. 0, or answers 400 and returns
+ * KVIDX_EKEY. */
+static int path_key(const struct request *req, struct response *res, kvidx_key_t *k)
+{
+    kvidx_reason_t why;
+    if (!req->route_param ||
+        kvidx_key_parse_canonical(req->route_param, req->route_param_len, k, &why) != 0) {
+        struct invalid_param p = {"key", req->route_param ? why.rule : "missing"};
+        if (req->route_param)
+            p.name = why.field;
+        res_problem(res, KVIDX_EKEY, "the path does not name a canonical key", &p, 1);
+        return KVIDX_EKEY;
+    }
+    return 0;
+}
+
+static void write_entry_state(struct jw *w, const kvidx_entry_info_t *info)
+{
+    jw_key(w, "size_bytes");
+    jw_u64(w, info->size_bytes);
+    jw_key(w, "l1");
+    if (info->l1_state == KVIDX_L1_NONE) {
+        jw_null(w);
+    } else {
+        jw_obj_begin(w);
+        jw_key(w, "state");
+        jw_str(w, info->l1_state == KVIDX_L1_READY ? "ready" : "loading");
+        jw_key(w, "pins");
+        jw_u64(w, info->pins);
+        jw_key(w, "temporary");
+        jw_bool(w, info->temporary);
+        jw_obj_end(w);
+    }
+    jw_key(w, "l2");
+    jw_bool(w, info->l2);
+}
+
+/* GET /v1/keys/{canonical} */
+static int key_get(const struct request *req, struct response *res)
+{
+    kvidx_key_t k;
+    if (path_key(req, res, &k) != 0)
+        return 0;
+    kvidx_ref_t ref;
+    kvidx_entry_info_t info;
+    kvidx_key_t stored;
+    kvidx_index_t *idx = ks_of(req)->idx;
+    if (kvidx_index_find(idx, &k, &ref) != 0 || kvidx_index_info(idx, ref, &info) != 0 ||
+        kvidx_index_key(idx, ref, &stored) != 0)
+        return res_problem(res, KVIDX_ENOTFOUND, "no such key", NULL, 0);
+    struct jw w;
+    jw_init(&w, &res->body);
+    jw_obj_begin(&w);
+    jw_key(&w, "key");
+    jw_key_object(&w, &stored);
+    write_entry_state(&w, &info);
+    jw_obj_end(&w);
+    res_json(res, 200);
+    return 0;
+}
+
+/* PUT /v1/keys/{canonical} {"size_bytes", "tier"} */
+static int key_put(const struct request *req, struct response *res)
+{
+    if (persist_refuse(req, res))
+        return 0;
+    static const char *const names[] = {"size_bytes", "tier", NULL};
+    kvidx_key_t k;
+    if (path_key(req, res, &k) != 0)
+        return 0;
+    cJSON *body;
+    if (json_parse_body(req, res, &body) != 0)
+        return 0;
+    struct param_errors pe;
+    param_errors_init(&pe);
+    kvidx_put_t item;
+    kvidx_tier_t tier = KVIDX_TIER_L2;
+    memset(&item, 0, sizeof(item));
+    item.key = k;
+    if (!cJSON_IsObject(body)) {
+        param_errors_add(&pe, "must be a JSON object", "body");
+    } else {
+        check_members(body, names, &pe, "");
+        if (parse_tier(cJSON_GetObjectItemCaseSensitive(body, "tier"), KVIDX_TIER_L2, 0, &tier) !=
+            0)
+            param_errors_add(&pe, "must be \"l1\" or \"l2\"", "tier");
+        int rc = json_uint(cJSON_GetObjectItemCaseSensitive(body, "size_bytes"), 1,
+                           (double)KVIDX_SIZE_MAX, &item.size_bytes);
+        if (rc < 0)
+            param_errors_add(&pe, "must be an integer 1..2^40", "size_bytes");
+        else if (rc == 1 && layout_size_for(req, &k, &item.size_bytes) != 0) {
+            param_errors_add(&pe, "no size_bytes and no layout registered for its model",
+                             "size_bytes");
+            param_errors_respond(&pe, res, KVIDX_ECONFLICT,
+                                 "register a layout (PUT /v1/layouts) or give size_bytes");
+            goto out;
+        }
+    }
+    if (pe.n) {
+        param_errors_respond(&pe, res, KVIDX_EINVAL, "invalid request; nothing was stored");
+        goto out;
+    }
+    size_t conflict = 0;
+    int rc = kvidx_index_put_batch(ks_of(req)->idx, tier, &item, 1, &conflict);
+    if (rc != 0) {
+        answer_put_error(res, rc, conflict, 1);
+        goto out;
+    }
+    buf_puts(&res->body, "{\"stored\":1}");
+    res_json(res, 200);
+out:
+    param_errors_free(&pe);
+    cJSON_Delete(body);
+    return persist_ack(req, res);
+}
+
+/* DELETE /v1/keys/{canonical}[?tier=l1|l2|all&force=true] */
+static int key_delete(const struct request *req, struct response *res)
+{
+    if (persist_refuse(req, res))
+        return 0;
+    kvidx_key_t k;
+    if (path_key(req, res, &k) != 0)
+        return 0;
+    char v[8];
+    size_t vn = 0;
+    kvidx_tier_t tier = KVIDX_TIER_ALL;
+    int force = 0;
+    int rc = query_get(req->query, "tier", v, sizeof(v), &vn);
+    if (rc == 1 && strcmp(v, "l1") == 0)
+        tier = KVIDX_TIER_L1;
+    else if (rc == 1 && strcmp(v, "l2") == 0)
+        tier = KVIDX_TIER_L2;
+    else if (rc != 0 && !(rc == 1 && strcmp(v, "all") == 0))
+        return res_problem(res, KVIDX_EINVAL, "tier must be l1, l2 or all", NULL, 0);
+    rc = query_get(req->query, "force", v, sizeof(v), &vn);
+    if (rc == 1 && (strcmp(v, "true") == 0 || strcmp(v, "1") == 0))
+        force = 1;
+    else if (rc != 0 && !(rc == 1 && (strcmp(v, "false") == 0 || strcmp(v, "0") == 0)))
+        return res_problem(res, KVIDX_EINVAL, "force must be true or false", NULL, 0);
+
+    kvidx_index_t *idx = ks_of(req)->idx;
+    kvidx_ref_t ref;
+    kvidx_entry_info_t info;
+    if (kvidx_index_find(idx, &k, &ref) != 0 || kvidx_index_info(idx, ref, &info) != 0)
+        return res_problem(res, KVIDX_ENOTFOUND, "no such key", NULL, 0);
+    /* A single-key delete is all or nothing: a pinned L1 copy refuses the
+     * whole request (409) instead of deleting only the L2 copy. */
+    if (!force && tier != KVIDX_TIER_L2 && info.l1_state != KVIDX_L1_NONE &&
+        (info.pins > 0 || info.l1_state == KVIDX_L1_LOADING))
+        return res_problem(res, KVIDX_ECONFLICT,
+                           "the key's L1 copy is pinned or loading; use force=true", NULL, 0);
+    kvidx_del_outcome_t o = KVIDX_DEL_NOT_FOUND;
+    kvidx_index_delete(idx, &k, tier, force, &o);
+    if (o != KVIDX_DEL_DELETED)
+        return res_problem(res, KVIDX_ENOTFOUND, "the key has no copy in that tier", NULL, 0);
+    res->status = 204;
+    return persist_ack(req, res);
+}
+
+/* GET /v1/keys?model_name&cache_salt&kv_rank&object_group_id&tier&page_size&page_token */
+static int keys_list(const struct request *req, struct response *res)
+{
+    struct keystore *ks = ks_of(req);
+    kvidx_list_query_t *q = malloc(sizeof(*q));
+    kvidx_page_cursor_t *cur = malloc(sizeof(*cur));
+    kvidx_key_buf_t *resume = malloc(sizeof(*resume));
+    kvidx_ref_t *refs = NULL;
+    if (!q || !cur || !resume)
+        goto oom;
+    kvidx_reason_t why;
+    kvidx_query_span_t where;
+    int rc = kvidx_list_query_parse(req->query, req->query_len, q, &why, &where);
+    if (rc != 0) {
+        struct invalid_param p = {why.field, why.rule};
+        res_problem(res, rc, "invalid listing query", &p, 1);
+        goto out;
+    }
+    uint8_t digest[KVIDX_LIST_DIGEST_LEN];
+    kvidx_list_query_digest(q, digest);
+    uint64_t now_s = (uint64_t)time(NULL);
+    const kvidx_key_t *after = NULL;
+    if (q->token_len) {
+        rc = kvidx_page_token_decode(&ks->keyring, q->token, q->token_len, now_s,
+                                     req->app->cfg.page_token_ttl_s, digest, cur);
+        if (rc != 0) {
+            res_problem(res, rc,
+                        rc == KVIDX_ETOKENMISMATCH
+                            ? "the page token was issued for other filters"
+                            : (rc == KVIDX_ETOKENEXPIRED ? "the page token has expired; list again"
+                                                         : "the page token is not valid"),
+                        NULL, 0);
+            goto out;
+        }
+        after = &cur->key;
+    }
+    kvidx_list_filter_t f;
+    memset(&f, 0, sizeof(f));
+    f.has_salt = q->has_salt;
+    f.salt = q->salt;
+    f.salt_len = q->salt_len;
+    f.has_model = q->has_model;
+    f.model = q->model;
+    f.model_len = q->model_len;
+    f.has_rank = q->has_rank;
+    f.kv_rank = q->kv_rank;
+    f.has_group = q->has_group;
+    f.group = q->group;
+    f.tier = q->tier == KVIDX_LIST_TIER_L1   ? KVIDX_TIER_L1
+             : q->tier == KVIDX_LIST_TIER_L2 ? KVIDX_TIER_L2
+                                             : KVIDX_TIER_ALL;
+    size_t page = q->page_size;
+    refs = malloc(page * sizeof(*refs));
+    if (!refs)
+        goto oom;
+    size_t count = 0;
+    int more = 0;
+    rc = kvidx_index_list(ks->idx, &f, after, page, 10 * page + 1000, refs, &count, resume, &more,
+                          NULL);
+    if (rc != 0) {
+        res_problem(res, rc, "listing failed", NULL, 0);
+        goto out;
+    }
+    struct jw w;
+    jw_init(&w, &res->body);
+    buf_reserve(&res->body, count * 200 + 64);
+    jw_obj_begin(&w);
+    jw_key(&w, "entries");
+    jw_arr_begin(&w);
+    for (size_t i = 0; i < count; i++) {
+        kvidx_key_t k;
+        kvidx_entry_info_t info;
+        if (kvidx_index_key(ks->idx, refs[i], &k) != 0 ||
+            kvidx_index_info(ks->idx, refs[i], &info) != 0)
+            continue;
+        jw_obj_begin(&w);
+        jw_key(&w, "key");
+        jw_key_object(&w, &k);
+        jw_key(&w, "size_bytes");
+        jw_u64(&w, info.size_bytes);
+        jw_obj_end(&w);
+    }
+    jw_arr_end(&w);
+    jw_key(&w, "next_page_token");
+    if (more) {
+        char tok[KVIDX_PAGE_TOKEN_STR_MAX + 1];
+        size_t tn = sizeof(tok);
+        rc = kvidx_page_token_encode(kvidx_token_keyring_current(&ks->keyring), now_s, digest,
+                                     &resume->key, 0, tok, &tn);
+        if (rc != 0) {
+            buf_reset(&res->body);
+            res_problem(res, KVIDX_EINTERNAL, "could not sign the page token", NULL, 0);
+            goto out;
+        }
+        jw_strn(&w, tok, tn);
+    } else {
+        jw_null(&w);
+    }
+    jw_obj_end(&w);
+    res_json(res, 200);
+    goto out;
+oom:
+    res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
+out:
+    free(refs);
+    free(resume);
+    free(cur);
+    free(q);
+    return 0;
+}
+
+const struct route key_routes[] = {
+    {M_PUT, "/v1/keys", keys_put, "keys_put"},
+    {M_DELETE, "/v1/keys", keys_delete, "keys_delete"},
+    {M_GET, "/v1/keys", keys_list, "keys_list"},
+    {M_GET, "/v1/keys/*", key_get, "key_get"},
+    {M_PUT, "/v1/keys/*", key_put, "key_put"},
+    {M_DELETE, "/v1/keys/*", key_delete, "key_delete"},
+    {0, NULL, NULL, NULL},
+};

@@ -1,0 +1,63 @@
+/*
+ * One HTTP/1.1 client connection: llhttp parsing, request limits, the
+ * ordered queue of answers (pipelining), batched writes, timeouts and the
+ * close sequence.
+ *
+ * A connection runs either on a libuv TCP handle (conn_new, created by
+ * server.c) or on the "test transport" (conn_new_test): bytes are fed with
+ * conn_feed() and the serialized answers collect in a buffer, so the whole
+ * parse → route → handler → serialize path runs without a socket (unit
+ * tests, fuzzing).
+ */
+#ifndef KVIDXD_CONN_H
+#define KVIDXD_CONN_H
+
+#include "util/json_write.h"
+
+#include <stddef.h>
+#include <uv.h>
+
+struct app;
+struct server;
+struct conn;
+
+/* Intrusive list node the server uses to find its connections. */
+struct conn_node {
+    struct conn_node *prev, *next;
+    struct conn *conn;
+    int rejected; /* accepted past max_connections: answered 503, closing */
+};
+
+/* Socket mode. Allocates a connection and initializes its TCP handle on the
+ * app's loop (the caller uv_accept()s into conn_stream()). NULL on out of
+ * memory. The connection frees itself once closed. */
+struct conn *conn_new(struct app *app, struct server *srv);
+uv_stream_t *conn_stream(struct conn *c);
+struct conn_node *conn_node(struct conn *c);
+/* Starts reading and the header timer (after uv_accept succeeded). */
+void conn_start(struct conn *c);
+/* Answers err (e.g. KVIDX_ECONNLIMIT) as problem+json and closes. */
+void conn_reject(struct conn *c, int err);
+/* Graceful: answers what was already received, then closes. */
+void conn_drain(struct conn *c);
+/* Immediate: cancels deferred answers, closes the handles; memory is freed
+ * in the close callbacks. Idempotent. */
+void conn_close(struct conn *c);
+
+/* Test transport. The connection never touches a loop (app->loop may be
+ * NULL) and timeouts only happen through conn_test_fire_timer(). */
+struct conn *conn_new_test(struct app *app);
+/* Feeds bytes; answers ready so far are appended to conn_test_output().
+ * Returns 1 once the connection has closed (later bytes are ignored), else 0. */
+int conn_feed(struct conn *c, const char *data, size_t n);
+/* The peer closed its side. Returns 1 once closed. */
+int conn_feed_eof(struct conn *c);
+/* Acts as if the connection's timer had expired (header timeout → 408). */
+int conn_test_fire_timer(struct conn *c);
+struct buf *conn_test_output(struct conn *c);
+int conn_test_closed(const struct conn *c);
+/* Number of answers waiting (deferred or queued behind one). */
+size_t conn_test_queued(const struct conn *c);
+void conn_free_test(struct conn *c);
+
+#endif

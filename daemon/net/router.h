@@ -1,0 +1,33 @@
+/*
+ * Method + path table → handler. A pattern is a literal path, optionally
+ * with one '*' that matches one or more bytes (percent-decoded into
+ * req->route_param; for "/v1/keys/{canonical}" the rest of the path, '/' included).
+ * Unknown path → 404 not_found; known path, other method → 405 with Allow.
+ */
+#ifndef KVIDXD_ROUTER_H
+#define KVIDXD_ROUTER_H
+
+#include "net/http.h"
+
+typedef int (*handler_fn)(const struct request *req, struct response *res);
+
+struct route {
+    enum http_method method;
+    const char *pattern; /* "/v1/keys/ *" without the space */
+    handler_fn fn;
+    const char *name; /* metrics label, e.g. "keys_get" */
+};
+
+/* Each api_*.c exports a table ending with {0, NULL, NULL, NULL}. */
+extern const struct route ops_routes[];
+
+/* Finds the handler for req and runs it. Fills res for 404/405 itself.
+ * route_name (may be NULL) receives the matched route's metrics label
+ * ("unknown" when nothing matched). Returns what the handler returned. */
+int router_dispatch(struct request *req, struct response *res, const char **route_name);
+
+/* Replaces the NULL-terminated list of route tables (tests use it to
+ * register their own handlers); NULL restores the built-in list. */
+void router_use_tables(const struct route *const *tables);
+
+#endif

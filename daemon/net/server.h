@@ -1,0 +1,34 @@
+/*
+ * The listening socket and the set of live connections: accept (with the
+ * max_connections limit and EMFILE survival), graceful drain bounded by
+ * shutdown_timeout_ms, and closing every handle it owns.
+ */
+#ifndef KVIDXD_SERVER_H
+#define KVIDXD_SERVER_H
+
+#include "net/conn.h"
+
+#include <stddef.h>
+
+struct app;
+struct server;
+
+/* Binds cfg.listen (or takes fd 3 under socket activation) and listens.
+ * Writes the address actually bound ("127.0.0.1:40123") into bound.
+ * Returns 0 or a negative KVIDX_E* (the reason is logged). */
+int server_start(struct app *app, struct server **out, char *bound, size_t cap);
+/* Stops accepting, lets each connection finish what it has received, and
+ * calls done once every connection is gone or timeout_ms has passed (then
+ * the remaining ones are closed). */
+void server_drain(struct server *s, uint64_t timeout_ms, void (*done)(struct server *s));
+/* Closes the listener and every connection now; the server frees itself
+ * in its close callbacks. */
+void server_close(struct server *s);
+size_t server_connections(const struct server *s);
+
+/* For conn.c: the shared read buffer (the loop is single-threaded and
+ * connections consume reads synchronously) and the close notification. */
+char *server_read_buf(struct server *s, size_t *len);
+void server_conn_gone(struct server *s, struct conn_node *n);
+
+#endif

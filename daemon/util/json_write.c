@@ -1,0 +1,387 @@
+/*
+ * Growable buffer and streaming JSON writer (see buf.h). The escaper is the
+ * one piece every answer goes through; it is fuzzed by tests/fuzz/fuzz_jw.c,
+ * which checks that whatever bytes go in, cJSON can parse what comes out.
+ */
+#include "util/json_write.h"
+
+#include "kvidx/err.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void buf_init(struct buf *b)
+{
+    memset(b, 0, sizeof(*b));
+}
+
+void buf_free(struct buf *b)
+{
+    free(b->data);
+    memset(b, 0, sizeof(*b));
+}
+
+void buf_reset(struct buf *b)
+{
+    b->len = 0;
+    b->failed = 0;
+    if (b->data)
+        b->data[0] = '\0';
+}
+
+int buf_reserve(struct buf *b, size_t extra)
+{
+    if (b->failed)
+        return KVIDX_ENOMEM;
+    if (extra >= SIZE_MAX - b->len - 1) {
+        b->failed = 1;
+        return KVIDX_ENOMEM;
+    }
+    size_t need = b->len + extra + 1;
+    if (need <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < need)
+        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+    char *p = realloc(b->data, cap);
+    if (!p) {
+        b->failed = 1;
+        return KVIDX_ENOMEM;
+    }
+    b->data = p;
+    b->cap = cap;
+    return 0;
+}
+
+void buf_append(struct buf *b, const void *p, size_t n)
+{
+    if (buf_reserve(b, n) != 0)
+        return;
+    if (n)
+        memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+void buf_puts(struct buf *b, const char *s)
+{
+    buf_append(b, s, strlen(s));
+}
+
+void buf_putc(struct buf *b, char c)
+{
+    if (buf_reserve(b, 1) != 0)
+        return;
+    b->data[b->len++] = c;
+    b->data[b->len] = '\0';
+}
+
+void buf_vprintf(struct buf *b, const char *fmt, va_list ap)
+{
+    va_list ap2;
+    va_copy(ap2, ap);
+    char tmp[256];
+    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
+    if (n < 0) {
+        va_end(ap2);
+        return;
+    }
+    if ((size_t)n < sizeof(tmp)) {
+        buf_append(b, tmp, (size_t)n);
+    } else if (buf_reserve(b, (size_t)n) == 0) {
+        vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap2);
+        b->len += (size_t)n;
+    }
+    va_end(ap2);
+}
+
+void buf_printf(struct buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    buf_vprintf(b, fmt, ap);
+    va_end(ap);
+}
+
+void buf_put_u64(struct buf *b, uint64_t v)
+{
+    char tmp[24];
+    char *p = tmp + sizeof(tmp);
+    do {
+        *--p = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    buf_append(b, p, (size_t)(tmp + sizeof(tmp) - p));
+}
+
+static const char digit_pairs[201] = "00010203040506070809101112131415161718192021222324"
+                                     "25262728293031323334353637383940414243444546474849"
+                                     "50515253545556575859606162636465666768697071727374"
+                                     "75767778798081828384858687888990919293949596979899";
+
+/* Writes v in decimal at p (room for 10 bytes); returns the end. */
+static char *u32_dec(char *p, uint32_t v)
+{
+    char tmp[10];
+    char *q = tmp + sizeof(tmp);
+    while (v >= 100) {
+        q -= 2;
+        memcpy(q, digit_pairs + 2 * (v % 100), 2);
+        v /= 100;
+    }
+    if (v >= 10) {
+        q -= 2;
+        memcpy(q, digit_pairs + 2 * v, 2);
+    } else {
+        *--q = (char)('0' + v);
+    }
+    size_t n = (size_t)(tmp + sizeof(tmp) - q);
+    memcpy(p, q, n);
+    return p + n;
+}
+
+void buf_put_i64(struct buf *b, int64_t v)
+{
+    if (v < 0) {
+        buf_putc(b, '-');
+        buf_put_u64(b, (uint64_t)0 - (uint64_t)v);
+    } else {
+        buf_put_u64(b, (uint64_t)v);
+    }
+}
+
+void jw_init(struct jw *w, struct buf *b)
+{
+    memset(w, 0, sizeof(*w));
+    w->b = b;
+}
+
+/* Called before every value: a comma when a sibling came before. */
+static void jw_pre_value(struct jw *w)
+{
+    if (w->after_key) {
+        w->after_key = 0;
+        return;
+    }
+    if (w->need_comma[w->depth])
+        buf_putc(w->b, ',');
+    w->need_comma[w->depth] = 1;
+}
+
+static void jw_open(struct jw *w, char c)
+{
+    jw_pre_value(w);
+    buf_putc(w->b, c);
+    if (w->depth < JW_MAX_DEPTH)
+        w->depth++;
+    w->need_comma[w->depth] = 0;
+}
+
+static void jw_close(struct jw *w, char c)
+{
+    buf_putc(w->b, c);
+    if (w->depth > 0)
+        w->depth--;
+}
+
+void jw_obj_begin(struct jw *w)
+{
+    jw_open(w, '{');
+}
+
+void jw_obj_end(struct jw *w)
+{
+    jw_close(w, '}');
+}
+
+void jw_arr_begin(struct jw *w)
+{
+    jw_open(w, '[');
+}
+
+void jw_arr_end(struct jw *w)
+{
+    jw_close(w, ']');
+}
+
+void jw_key(struct jw *w, const char *key)
+{
+    jw_pre_value(w);
+    buf_putc(w->b, '"');
+    buf_puts(w->b, key);
+    buf_append(w->b, "\":", 2);
+    w->after_key = 1;
+}
+
+/* Length of the valid UTF-8 sequence at s (1..4), or 0 when invalid. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0];
+    size_t len;
+    uint32_t cp;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2;
+        cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        cp = c & 0x07;
+    } else {
+        return 0;
+    }
+    if (n < len)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3f);
+    }
+    if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+        (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+        return 0;
+    return len;
+}
+
+void jw_strn(struct jw *w, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    struct buf *b = w->b;
+    const unsigned char *p = (const unsigned char *)s;
+    jw_pre_value(w);
+    /* Worst case every byte becomes \ufffd (6 bytes). */
+    if (n > (SIZE_MAX - 3) / 6 || buf_reserve(b, n * 6 + 2) != 0)
+        return;
+    char *o = b->data + b->len;
+    *o++ = '"';
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = p[i];
+        if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) {
+            *o++ = (char)c;
+            i++;
+            continue;
+        }
+        if (c == '"' || c == '\\') {
+            *o++ = '\\';
+            *o++ = (char)c;
+            i++;
+            continue;
+        }
+        if (c < 0x20) {
+            *o++ = '\\';
+            switch (c) {
+            case '\n':
+                *o++ = 'n';
+                break;
+            case '\r':
+                *o++ = 'r';
+                break;
+            case '\t':
+                *o++ = 't';
+                break;
+            case '\b':
+                *o++ = 'b';
+                break;
+            case '\f':
+                *o++ = 'f';
+                break;
+            default:
+                *o++ = 'u';
+                *o++ = '0';
+                *o++ = '0';
+                *o++ = hex[c >> 4];
+                *o++ = hex[c & 15];
+            }
+            i++;
+            continue;
+        }
+        size_t l = utf8_seq(p + i, n - i);
+        if (l == 0) {
+            memcpy(o, "\\ufffd", 6);
+            o += 6;
+            i++;
+        } else {
+            memcpy(o, p + i, l);
+            o += l;
+            i += l;
+        }
+    }
+    *o++ = '"';
+    *o = '\0';
+    b->len = (size_t)(o - b->data);
+}
+
+void jw_str(struct jw *w, const char *s)
+{
+    jw_strn(w, s, strlen(s));
+}
+
+void jw_u64(struct jw *w, uint64_t v)
+{
+    jw_pre_value(w);
+    buf_put_u64(w->b, v);
+}
+
+void jw_i64(struct jw *w, int64_t v)
+{
+    jw_pre_value(w);
+    buf_put_i64(w->b, v);
+}
+
+void jw_bool(struct jw *w, int v)
+{
+    jw_pre_value(w);
+    buf_puts(w->b, v ? "true" : "false");
+}
+
+void jw_null(struct jw *w)
+{
+    jw_pre_value(w);
+    buf_puts(w->b, "null");
+}
+
+void jw_indices(struct jw *w, const uint8_t *flags, size_t n, uint8_t bit)
+{
+    jw_arr_begin(w);
+    /* At most 10 digits and a comma per index. */
+    if (n > SIZE_MAX / 11 || buf_reserve(w->b, n * 11) != 0)
+        return;
+    char *p = w->b->data + w->b->len, *start = p;
+    for (size_t i = 0; i < n; i++) {
+        if (!(flags[i] & bit))
+            continue;
+        if (p != start)
+            *p++ = ',';
+        p = u32_dec(p, (uint32_t)i);
+    }
+    w->b->len = (size_t)(p - w->b->data);
+    w->b->data[w->b->len] = '\0';
+    jw_arr_end(w);
+}
+
+void jw_u32s(struct jw *w, const uint32_t *v, size_t n)
+{
+    jw_arr_begin(w);
+    if (n > SIZE_MAX / 11 || buf_reserve(w->b, n * 11) != 0)
+        return;
+    char *p = w->b->data + w->b->len;
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            *p++ = ',';
+        p = u32_dec(p, v[i]);
+    }
+    w->b->len = (size_t)(p - w->b->data);
+    w->b->data[w->b->len] = '\0';
+    jw_arr_end(w);
+}
+
+void jw_raw(struct jw *w, const char *json, size_t n)
+{
+    jw_pre_value(w);
+    buf_append(w->b, json, n);
+}

@@ -1,0 +1,413 @@
+/*
+ * Fast path for key-form bodies (and the chunk_hashes of ipc-form ones). A
+ * lookup or prefetch of 1000 keys spent
+ * most of its time building, walking and freeing a cJSON tree of 6000
+ * values; here one pass over the body bytes reads the keys array into
+ * kvidx_key_t directly, and only the rest of the body (the keys array cut
+ * down to []) goes through json_parse_text.
+ *
+ * Invariants: the scanner accepts a strict subset of what cJSON accepts,
+ * and gives up (returns 1, nothing allocated) on anything outside it:
+ * escapes, NUL bytes, white space other than the four JSON ones,
+ * numbers other than 1..15 plain digits without a leading zero, unknown or
+ * repeated key members, nested values before "keys", invalid keys, a
+ * max_json_depth below 3, or a body whose value count json_parse_body
+ * would refuse. Within the subset the spans it reads are the spans cJSON
+ * reads (every token boundary is a JSON white space byte or ",:]}"), so
+ * the rest tree equals cJSON's tree of the whole body with the keys array
+ * emptied, and each key equals what json_to_key makes of the element; the
+ * error answers therefore stay those of the cJSON path, which runs on every
+ * fallback. tests/unit/test_daemon_keyscan.c and
+ * tests/fuzz/fuzz_daemon_keyscan.c check this differentially. Keys point
+ * into the request body, never into memory freed here.
+ *
+ * Speed: strings are scanned a word at a time, member names are matched as
+ * literals, and a model name with the bytes of the previous key's (which
+ * was scanned and checked) is matched by one memcmp and not checked again.
+ */
+#include "util/keyscan.h"
+
+#include "util/context.h"
+#include "util/json_read.h"
+
+#include "kvidx/bytes.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cur {
+    const char *p, *e;
+};
+
+static int is_ws(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static void skip_ws(struct cur *c)
+{
+    while (c->p < c->e && is_ws(*c->p))
+        c->p++;
+}
+
+/* Consumes ch (after white space); 0, or -1 when the next byte is another. */
+static int expect(struct cur *c, char ch)
+{
+    skip_ws(c);
+    if (c->p == c->e || *c->p != ch)
+        return -1;
+    c->p++;
+    return 0;
+}
+
+#define ONES  UINT64_C(0x0101010101010101)
+#define HIGHS UINT64_C(0x8080808080808080)
+
+/* Bit 7 set in every byte of x that is zero (and possibly in bytes above
+ * a zero one, never below: the lowest flagged byte is exact). */
+static uint64_t zero_bytes(uint64_t x)
+{
+    return (x - ONES) & ~x & HIGHS;
+}
+
+/* A string at c->p with no escape and no NUL: its bytes, or -1. Other raw
+ * bytes, control bytes included, are what cJSON copies verbatim too (the
+ * key validators judge them). Scans 8 bytes a word for the first '"',
+ * '\\' or NUL (one pass instead of three memchr calls per string). */
+static int plain_string(struct cur *c, const char **s, size_t *n)
+{
+    const char *p = c->p, *e = c->e;
+    if (p == e || *p != '"')
+        return -1;
+    p++;
+    const char *q = p;
+    for (;;) {
+        if (e - q >= 8) {
+            uint64_t x = kvidx_le64(q);
+            uint64_t hit =
+                zero_bytes(x) | zero_bytes(x ^ (ONES * '"')) | zero_bytes(x ^ (ONES * '\\'));
+            if (!hit) {
+                q += 8;
+                continue;
+            }
+            q += __builtin_ctzll(hit) / 8;
+        } else {
+            while (q < e && *q != '"' && *q != '\\' && *q != '\0')
+                q++;
+            if (q == e)
+                return -1;
+        }
+        if (*q != '"')
+            return -1;
+        break;
+    }
+    *s = p;
+    *n = (size_t)(q - p);
+    c->p = q + 1;
+    return 0;
+}
+
+/* 1..15 decimal digits without a leading zero: exact in a double, the value
+ * cJSON's strtod gives. The caller checks that a delimiter follows. */
+static int plain_number(struct cur *c, double *v)
+{
+    const char *p = c->p, *e = c->e;
+    uint64_t x = 0;
+    size_t nd = 0;
+    while (p < e && *p >= '0' && *p <= '9') {
+        if (++nd > 15)
+            return -1;
+        x = x * 10 + (uint64_t)(*p - '0');
+        p++;
+    }
+    if (nd == 0 || (nd > 1 && c->p[0] == '0'))
+        return -1;
+    *v = (double)x;
+    c->p = p;
+    return 0;
+}
+
+/* A scalar member value before "keys": a string (escapes allowed, lexed as
+ * cJSON lexes it) or a run of literal/number bytes. Only its span matters:
+ * json_parse_text judges it in the rest of the body. */
+static int skip_scalar(struct cur *c)
+{
+    const char *p = c->p, *e = c->e;
+    if (p == e)
+        return -1;
+    if (*p == '"') {
+        for (p++;; p++) {
+            if (p >= e)
+                return -1;
+            if (*p == '\\')
+                p++;
+            else if (*p == '"')
+                break;
+        }
+        c->p = p + 1;
+        return 0;
+    }
+    const char *start = p;
+    while (p < e && ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                     (*p >= '0' && *p <= '9') || *p == '.' || *p == '+' || *p == '-'))
+        p++;
+    if (p == start)
+        return -1;
+    c->p = p;
+    return 0;
+}
+
+/* 1 when c->p holds the JSON string whose content is known[0..n) (bytes
+ * an earlier plain_string accepted: no quote, backslash or NUL), which is
+ * then consumed. One memcmp instead of a scan. */
+static int same_string(struct cur *c, const char *known, size_t n)
+{
+    const char *p = c->p;
+    if (!known || (size_t)(c->e - p) < n + 2 || p[0] != '"' || p[n + 1] != '"' ||
+        memcmp(p + 1, known, n) != 0)
+        return 0;
+    c->p = p + n + 2;
+    return 1;
+}
+
+static kvidx_field_t *member_slot(kvidx_key_input_t *in, const char *s, size_t n)
+{
+    switch (n) {
+    case 7:
+        return memcmp(s, "kv_rank", 7) == 0 ? &in->kv_rank : NULL;
+    case 10:
+        if (memcmp(s, "model_name", 10) == 0)
+            return &in->model_name;
+        return memcmp(s, "cache_salt", 10) == 0 ? &in->cache_salt : NULL;
+    case 14:
+        return memcmp(s, "chunk_hash_hex", 14) == 0 ? &in->chunk_hash_hex : NULL;
+    case 15:
+        return memcmp(s, "object_group_id", 15) == 0 ? &in->object_group_id : NULL;
+    default:
+        return NULL;
+    }
+}
+
+/* The member name at c->p, consumed: its slot in *in, or NULL for a name
+ * that is not a key member (or not a plain string). The five names are
+ * matched as literals, quotes included, before any scan. */
+static kvidx_field_t *member_name(struct cur *c, kvidx_key_input_t *in)
+{
+    /* Constant-length compares, which the compiler inlines. */
+#define LIT(lit, field)                                                                            \
+    if (left >= sizeof(lit) - 1 && memcmp(c->p, lit, sizeof(lit) - 1) == 0) {                      \
+        c->p += sizeof(lit) - 1;                                                                   \
+        return &in->field;                                                                         \
+    }
+    size_t left = (size_t)(c->e - c->p);
+    switch (left >= 2 ? c->p[1] : 0) {
+    case 'm':
+        LIT("\"model_name\"", model_name)
+        break;
+    case 'k':
+        LIT("\"kv_rank\"", kv_rank)
+        break;
+    case 'c':
+        LIT("\"chunk_hash_hex\"", chunk_hash_hex)
+        LIT("\"cache_salt\"", cache_salt)
+        break;
+    case 'o':
+        LIT("\"object_group_id\"", object_group_id)
+        break;
+    default:
+        break;
+    }
+#undef LIT
+    const char *name;
+    size_t nlen;
+    if (plain_string(c, &name, &nlen) != 0)
+        return NULL;
+    return member_slot(in, name, nlen);
+}
+
+/* One key object at c->p ('{'); *values counts what json_scan would. The
+ * model name and salt of prev (the key before, or NULL) passed their
+ * checks: the same bytes are not checked again. */
+static int key_object(struct cur *c, kvidx_key_t *k, const kvidx_key_t *prev, size_t *values)
+{
+    kvidx_key_input_t in;
+    memset(&in, 0, sizeof(in));
+    if (prev) {
+        in.valid_model = prev->model;
+        in.valid_model_len = prev->model_len;
+        in.valid_salt = prev->salt;
+        in.valid_salt_len = prev->salt_len;
+    }
+    c->p++;
+    (*values)++;
+    for (;;) {
+        skip_ws(c);
+        kvidx_field_t *f = member_name(c, &in);
+        if (!f || f->kind != KVIDX_FIELD_ABSENT || expect(c, ':') != 0)
+            return -1;
+        skip_ws(c);
+        if (c->p == c->e)
+            return -1;
+        if (f == &in.model_name && same_string(c, in.valid_model, in.valid_model_len)) {
+            /* The previous key's model name: no scan, no check. */
+            f->str = c->p - 1 - in.valid_model_len;
+            f->len = in.valid_model_len;
+            f->kind = KVIDX_FIELD_STRING;
+        } else if (*c->p == '"') {
+            if (plain_string(c, &f->str, &f->len) != 0)
+                return -1;
+            f->kind = KVIDX_FIELD_STRING;
+        } else {
+            if (plain_number(c, &f->num) != 0)
+                return -1;
+            f->kind = KVIDX_FIELD_NUMBER;
+        }
+        skip_ws(c);
+        if (c->p == c->e)
+            return -1;
+        if (*c->p == '}') {
+            c->p++;
+            break;
+        }
+        if (*c->p != ',')
+            return -1;
+        c->p++;
+        (*values)++;
+    }
+    return kvidx_key_from_input(&in, k, NULL) == 0 ? 0 : -1;
+}
+
+static void set_array(struct keyscan *ks, int keys, void *arr)
+{
+    if (keys)
+        ks->keys = arr;
+    else
+        ks->strs = arr;
+}
+
+/* The array at c->p ('['): key objects into ks->keys (keys), or plain
+ * strings into ks->strs (the chunk_hashes, whose bytes are judged later,
+ * as cJSON's would be). More than max elements, or any other element, and
+ * the cJSON path answers. */
+static int scan_array(struct cur *c, struct keyscan *ks, int keys, uint64_t max, size_t *values)
+{
+    /* A key object takes at least 50 bytes, a string 2 plus a comma: one
+     * allocation usually. */
+    size_t esize = keys ? sizeof(*ks->keys) : sizeof(*ks->strs);
+    size_t cap = (size_t)(c->e - c->p) / (keys ? 48 : 4) + 1;
+    if (cap > 4096)
+        cap = 4096;
+    size_t *n = keys ? &ks->n : &ks->nstrs;
+    void *arr = malloc(cap * esize);
+    if (!arr)
+        return -1;
+    set_array(ks, keys, arr);
+    c->p++;
+    (*values)++;
+    skip_ws(c);
+    if (c->p < c->e && *c->p == ']') {
+        c->p++;
+        return 0;
+    }
+    for (;;) {
+        skip_ws(c);
+        if (*n == max)
+            return -1;
+        if (*n == cap) {
+            void *a = realloc(arr, 2 * cap * esize);
+            if (!a)
+                return -1;
+            set_array(ks, keys, arr = a);
+            cap *= 2;
+        }
+        int rc;
+        if (keys)
+            rc = c->p < c->e && *c->p == '{'
+                     ? key_object(c, &ks->keys[*n], *n ? &ks->keys[*n - 1] : NULL, values)
+                     : -1;
+        else
+            rc = plain_string(c, &ks->strs[*n].s, &ks->strs[*n].n);
+        if (rc != 0)
+            return -1;
+        (*n)++;
+        skip_ws(c);
+        if (c->p == c->e)
+            return -1;
+        if (*c->p == ']') {
+            c->p++;
+            return 0;
+        }
+        if (*c->p != ',')
+            return -1;
+        c->p++;
+        (*values)++;
+    }
+}
+
+void keyscan_free(struct keyscan *ks)
+{
+    cJSON_Delete(ks->rest);
+    free(ks->keys);
+    free(ks->strs);
+    memset(ks, 0, sizeof(*ks));
+}
+
+int keyscan_body(const struct request *req, int what, struct keyscan *ks)
+{
+    memset(ks, 0, sizeof(*ks));
+    const struct app *app = req->app;
+    struct cur c = {req->body, req->body + req->body_len};
+    if (expect(&c, '{') != 0)
+        return 1;
+    int keys = 0;
+    for (;;) {
+        const char *name;
+        size_t nlen;
+        skip_ws(&c);
+        if (plain_string(&c, &name, &nlen) != 0 || expect(&c, ':') != 0)
+            return 1;
+        skip_ws(&c);
+        if ((what & KEYSCAN_KEYS) && nlen == 4 && memcmp(name, "keys", 4) == 0) {
+            keys = 1;
+            break;
+        }
+        if ((what & KEYSCAN_CHUNK_HASHES) && nlen == 12 && memcmp(name, "chunk_hashes", 12) == 0)
+            break;
+        if (skip_scalar(&c) != 0 || expect(&c, ',') != 0)
+            return 1;
+    }
+    /* Key objects sit at depth 3, which the rest ("[]" at depth 2) does not
+     * show; chunk hashes are strings at depth 2, which it does. */
+    if (keys && app && app->cfg.max_json_depth < 3)
+        return 1;
+    if (c.p == c.e || *c.p != '[')
+        return 1;
+    const char *a0 = c.p;
+    size_t values = 0;
+    uint64_t max = app ? app->cfg.max_keys_per_request : 262144;
+    if (scan_array(&c, ks, keys, max, &values) != 0) {
+        keyscan_free(ks);
+        return 1;
+    }
+    ks->chunk_hashes = !keys;
+    const char *a1 = c.p;
+    /* The rest: body[..a0) "[]" body[a1..); "[]" counts one value of the
+     * array's, whose others json_parse_text adds as extra values. */
+    size_t head = (size_t)(a0 - req->body), tail = (size_t)(req->body + req->body_len - a1);
+    char *t = malloc(head + 2 + tail);
+    if (!t) {
+        keyscan_free(ks);
+        return 1;
+    }
+    memcpy(t, req->body, head);
+    memcpy(t + head, "[]", 2);
+    memcpy(t + head + 2, a1, tail);
+    int rc = json_parse_text(t, head + 2 + tail, app, values - 1, NULL, &ks->rest);
+    free(t);
+    if (rc != 0) {
+        keyscan_free(ks);
+        return 1;
+    }
+    return 0;
+}

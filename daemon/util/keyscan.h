@@ -1,0 +1,55 @@
+/*
+ * Fast path for key-form bodies ({"keys": [EncodedObjectKey...], ...}):
+ * reads the keys array straight from the body bytes, without a cJSON tree.
+ */
+#ifndef KVIDXD_KEYSCAN_H
+#define KVIDXD_KEYSCAN_H
+
+#include "net/http.h"
+
+#include "kvidx/key.h"
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+
+struct keyscan_str {
+    const char *s; /* into the request body */
+    size_t n;
+};
+
+struct keyscan {
+    /* The body with its keys (or chunk_hashes) array replaced by [],
+     * parsed by json_parse_text: every other member keeps its cJSON
+     * handling. */
+    cJSON *rest;
+    /* The n keys of the array, all valid; model and salt point into the
+     * request body, so they live as long as the request. */
+    kvidx_key_t *keys;
+    size_t n;
+    /* chunk_hashes taken instead: its nstrs strings, as cJSON would read
+     * them (plain strings: the bytes between the quotes), not judged. */
+    int chunk_hashes;
+    struct keyscan_str *strs;
+    size_t nstrs;
+};
+
+enum { KEYSCAN_KEYS = 1, KEYSCAN_CHUNK_HASHES = 2 };
+
+/* Takes req's body on the fast path when it is a JSON object whose "keys"
+ * member (what has KEYSCAN_KEYS) comes before any member with an object or
+ * array value, and whose keys array holds only flat key objects: the five
+ * known member names, at most once each, string values without escapes or
+ * NUL bytes, numbers as plain digits (no sign, fraction, exponent or
+ * leading zero), and every key valid. With KEYSCAN_CHUNK_HASHES, a
+ * "chunk_hashes" member in that place whose array holds only strings
+ * without escapes or NUL bytes is taken the same way (ks->chunk_hashes).
+ * Returns 0 and fills *ks (free with keyscan_free), or 1 when anything is
+ * unusual or wrong: then nothing is allocated and the caller runs
+ * json_parse_body, whose answer is the reference. A body taken here is one
+ * json_parse_body accepts, with the same tree apart from the array, whose
+ * elements json_to_key turns into the same keys (or whose strings cJSON
+ * reads as the same bytes). */
+int keyscan_body(const struct request *req, int what, struct keyscan *ks);
+void keyscan_free(struct keyscan *ks);
+
+#endif
