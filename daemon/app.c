@@ -12,30 +12,46 @@
 #include "state/layouts.h"
 #include "state/persist/persist.h"
 #include "state/prefetches.h"
+#include "api/api.h"
+#include "util/metrics.h"
 
 #include "kvidx/err.h"
 
-const struct route *const api_tables[] = {
+const struct route *const app_route_tables[] = {
     ops_routes, layout_routes, key_routes, prefetch_routes, NULL,
 };
+
+/* The daemon's own gauge: readiness, as /readyz answers it. */
+static void app_gauges(void *ctx, struct buf *out)
+{
+    const struct app *app = ctx;
+    metrics_single(out, "kvidx_ready", "gauge",
+                   "1 when /readyz answers 200 (restored, not draining).",
+                   app->ready && !app->draining ? 1 : 0);
+}
 
 int subsystems_init(struct app *app)
 {
     app->layouts = layouts_new();
     if (!app->layouts)
         return KVIDX_ENOMEM;
-    int rc = keystore_init(app);
+    int rc = metrics_register(app->metrics, app_gauges, app);
+    if (rc == 0)
+        rc = keystore_init(app);
     /* Restore before the prefetch manager and before the server exists:
      * /readyz cannot answer 200 and READY=1 is not sent until it is done. */
     if (rc == 0)
         rc = persist_open(app);
     if (rc == 0)
         rc = prefetches_init(app);
+    if (rc == 0)
+        router_use_tables(app_route_tables);
     if (rc != 0) {
         /* Closes the journal's uv handles; the writer thread stays until
          * the process exits, which it does at once. */
         persist_stop(app);
         keystore_free(app);
+        metrics_unregister(app->metrics, app_gauges, app);
         layouts_free(app->layouts);
         app->layouts = NULL;
     }
@@ -58,6 +74,7 @@ void subsystems_free(struct app *app)
     prefetches_free(app);
     persist_free(app);
     keystore_free(app);
+    metrics_unregister(app->metrics, app_gauges, app);
     layouts_free(app->layouts);
     app->layouts = NULL;
 }

@@ -18,7 +18,8 @@ void subsystems_stop(struct app *app);
 /* After the loop has ended: free everything. */
 void subsystems_free(struct app *app);
 
-/* Every route table, NULL-terminated, for router.c. */
-extern const struct route *const api_tables[];
+/* Every route table of the API, NULL-terminated; subsystems_init hands
+ * it to the router. */
+extern const struct route *const app_route_tables[];
 
 #endif

@@ -8,6 +8,7 @@
  * itself (kvidx_index_put_batch). Listing resumes strictly after the key in
  * the token, which is what makes a listing exact under concurrent change.
  */
+#include "api/api.h"
 #include "state/keystore.h"
 
 #include "util/context.h"
@@ -24,59 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static void on_evict(void *ctx, const kvidx_key_t *key, uint64_t size_bytes, int forgotten)
-{
-    struct app *app = ctx;
-    (void)key;
-    (void)size_bytes;
-    /* Evictions themselves are counted by the index (kvidx_index_stats). */
-    if (app->metrics && forgotten)
-        metrics_add(app->metrics, "kvidx_keys_forgotten_total", 1);
-}
-
-int keystore_init(struct app *app)
-{
-    struct keystore *ks = calloc(1, sizeof(*ks));
-    if (!ks)
-        return KVIDX_ENOMEM;
-    kvidx_index_opts_t opts;
-    memset(&opts, 0, sizeof(opts));
-    opts.l1_capacity_bytes = app->cfg.l1_capacity_bytes;
-    opts.l2_capacity_bytes = app->cfg.l2_capacity_bytes;
-    opts.on_evict = on_evict;
-    opts.on_evict_ctx = app;
-    int rc = kvidx_index_new(&opts, &ks->idx);
-    if (rc != 0) {
-        free(ks);
-        return rc;
-    }
-    kvidx_token_secret_t secret;
-    kvidx_token_keyring_init(&ks->keyring);
-    rc = kvidx_token_secret_generate(&secret);
-    if (rc == 0)
-        rc = kvidx_token_keyring_rotate(&ks->keyring, &secret);
-    sodium_memzero(&secret, sizeof(secret));
-    if (rc != 0) {
-        kvidx_index_free(ks->idx);
-        free(ks);
-        return rc;
-    }
-    ks->app = app;
-    app->keystore = ks;
-    return 0;
-}
-
-void keystore_free(struct app *app)
-{
-    struct keystore *ks = app->keystore;
-    if (!ks)
-        return;
-    kvidx_token_keyring_clear(&ks->keyring);
-    kvidx_index_free(ks->idx);
-    free(ks);
-    app->keystore = NULL;
-}
 
 static struct keystore *ks_of(const struct request *req)
 {

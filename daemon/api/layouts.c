@@ -4,6 +4,7 @@
  * size_bytes. The registry is a small array: models are few, lookups are
  * per stored batch, not per key (the caller caches the last hit).
  */
+#include "api/api.h"
 #include "state/layouts.h"
 
 #include "util/context.h"

@@ -14,6 +14,7 @@
  * server turns into a 503. /v1/limits reads req->app->cfg at the time of
  * the request, so it shows what a SIGHUP reload put in force.
  */
+#include "api/api.h"
 #include "util/context.h"
 #include "state/keystore.h"
 #include "util/json_write.h"
@@ -46,7 +47,7 @@ static int h_readyz(const struct request *req, struct response *res)
 
 static int h_metrics(const struct request *req, struct response *res)
 {
-    metrics_render(req->app->metrics, req->app, &res->body);
+    metrics_render(req->app->metrics, &res->body);
     res->status = 200;
     res->content_type = "text/plain; version=0.0.4; charset=utf-8";
     return 0;

@@ -24,6 +24,7 @@
  *   - a handle leaves pending exactly once; every long poll on it is then
  *     answered. Bad input answers problem+json and changes nothing.
  */
+#include "api/api.h"
 #include "state/prefetches.h"
 
 #include "util/context.h"
@@ -1677,11 +1678,31 @@ static int api_loads_post(const struct request *req, struct response *res)
 /* ---------------------------------------------------------------------- */
 /* Lifetime */
 
+/* The prefetch manager's gauges for /metrics. */
+static void prefetches_gauges(void *ctx, struct buf *out)
+{
+    const struct prefetches *pf = ctx;
+    struct prefetches_stats ps;
+    prefetches_stats(pf->app, &ps);
+    metrics_single(out, "kvidx_prefetch_handles", "gauge",
+                   "Prefetch handles that exist (any status).", ps.handles);
+    metrics_single(out, "kvidx_prefetch_handles_pending", "gauge",
+                   "Prefetch handles waiting for loads.", ps.handles_pending);
+    metrics_single(out, "kvidx_prefetch_pins", "gauge", "Pins held by prefetch handles.", ps.pins);
+    metrics_single(out, "kvidx_loads_in_flight", "gauge", "L2 to L1 loads in flight.", ps.loads);
+    metrics_single(out, "kvidx_load_tasks", "gauge", "External-loader tasks not finished.",
+                   ps.tasks);
+}
+
 int prefetches_init(struct app *app)
 {
     struct prefetches *pf = calloc(1, sizeof(*pf));
     if (!pf)
         return KVIDX_ENOMEM;
+    if (metrics_register(app->metrics, prefetches_gauges, pf) != 0) {
+        free(pf);
+        return KVIDX_ENOMEM;
+    }
     pf->app = app;
     /* With data_dir the catalogue outlives the process, and so may a
      * client's memory of a handle id: start ids from the wall clock (ms x
@@ -1738,6 +1759,7 @@ void prefetches_free(struct app *app)
     struct prefetches *pf = app ? app->prefetches : NULL;
     if (!pf)
         return;
+    metrics_unregister(app->metrics, prefetches_gauges, pf);
     free(pf->handles.b);
     free(pf->loads.b);
     free(pf->tasks.b);

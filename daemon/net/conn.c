@@ -34,7 +34,6 @@
 #include "util/log.h"
 #include "util/metrics.h"
 #include "net/router.h"
-#include "net/server.h"
 
 #include <llhttp.h>
 #include <stdio.h>
@@ -68,7 +67,7 @@ struct pending {
 struct conn {
     struct conn_node node;
     struct app *app;
-    struct server *srv;
+    struct conn_host host; /* socket mode: read buffer and owner */
     int test;
     uv_tcp_t tcp;
     uv_timer_t timer;
@@ -116,6 +115,7 @@ static llhttp_settings_t parser_settings;
 static int parser_settings_ready;
 
 static void pump(struct conn *c);
+static void on_res_complete(struct response *res);
 
 /* ---------------------------------------------------------------------- */
 /* Pending requests                                                        */
@@ -132,6 +132,7 @@ static struct pending *pending_new(struct conn *c)
     buf_init(&p->body);
     buf_init(&p->res.body);
     p->res.owner = p;
+    p->res.on_complete = on_res_complete;
     p->req.app = c->app;
     p->req.method = M_OTHER;
     p->req.method_name = "-";
@@ -729,8 +730,8 @@ void conn_close(struct conn *c)
     discard_all(c);
     if (c->test)
         return;
-    if (c->srv)
-        server_conn_gone(c->srv, &c->node);
+    if (c->host.gone)
+        c->host.gone(c->host.ctx, &c->node);
     c->handles_open = 2;
     uv_close((uv_handle_t *)&c->timer, on_close);
     uv_close((uv_handle_t *)&c->tcp, on_close);
@@ -739,10 +740,9 @@ void conn_close(struct conn *c)
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *b)
 {
     struct conn *c = h->data;
-    size_t len = 0;
     (void)suggested;
-    b->base = server_read_buf(c->srv, &len);
-    b->len = len;
+    b->base = c->host.read_buf;
+    b->len = c->host.read_cap;
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b)
@@ -965,10 +965,10 @@ static void pump(struct conn *c)
     arm_timer(c);
 }
 
-void res_complete(struct response *res)
+/* A deferred answer was completed (res_complete): send what is ready. */
+static void on_res_complete(struct response *res)
 {
     struct pending *p = res->owner;
-    res->done = 1;
     if (p && p->conn && !p->conn->in_parse)
         pump(p->conn);
 }
@@ -993,12 +993,12 @@ static struct conn *alloc_conn(struct app *app)
     return c;
 }
 
-struct conn *conn_new(struct app *app, struct server *srv)
+struct conn *conn_new(struct app *app, const struct conn_host *host)
 {
     struct conn *c = alloc_conn(app);
     if (!c)
         return NULL;
-    c->srv = srv;
+    c->host = *host;
     uv_tcp_init(app->loop, &c->tcp);
     uv_timer_init(app->loop, &c->timer);
     c->tcp.data = c;

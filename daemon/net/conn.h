@@ -18,7 +18,6 @@
 #include <uv.h>
 
 struct app;
-struct server;
 struct conn;
 
 /* Intrusive list node the server uses to find its connections. */
@@ -28,10 +27,21 @@ struct conn_node {
     int rejected; /* accepted past max_connections: answered 503, closing */
 };
 
+/* What a socket connection needs from whoever accepted it: the read
+ * buffer it may use (the loop is single-threaded and connections consume
+ * reads synchronously, so one buffer serves them all) and the call that
+ * tells the owner the connection is gone (once, when closing starts). */
+struct conn_host {
+    char *read_buf;
+    size_t read_cap;
+    void (*gone)(void *ctx, struct conn_node *n);
+    void *ctx;
+};
+
 /* Socket mode. Allocates a connection and initializes its TCP handle on the
- * app's loop (the caller uv_accept()s into conn_stream()). NULL on out of
- * memory. The connection frees itself once closed. */
-struct conn *conn_new(struct app *app, struct server *srv);
+ * app's loop (the caller uv_accept()s into conn_stream()). host is copied.
+ * NULL on out of memory. The connection frees itself once closed. */
+struct conn *conn_new(struct app *app, const struct conn_host *host);
 uv_stream_t *conn_stream(struct conn *c);
 struct conn_node *conn_node(struct conn *c);
 /* Starts reading and the header timer (after uv_accept succeeded). */

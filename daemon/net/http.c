@@ -109,6 +109,13 @@ void res_defer(struct response *res, void *waiter, res_cancel_cb cancel)
     res->cancel = cancel;
 }
 
+void res_complete(struct response *res)
+{
+    res->done = 1;
+    if (res->on_complete)
+        res->on_complete(res);
+}
+
 int pct_decode(const char *s, size_t n, char *out, size_t cap, size_t *out_len, int plus_is_space)
 {
     return kvidx_pct_decode(s, n, out, cap, out_len, plus_is_space) == 0 ? 0 : KVIDX_EINVAL;

@@ -64,7 +64,8 @@ struct response {
     int done;
     void *waiter;
     res_cancel_cb cancel;
-    void *owner;
+    void *owner;                            /* who sends the answer */
+    void (*on_complete)(struct response *); /* the owner's; NULL: nothing to do */
 };
 
 struct invalid_param {

@@ -1,7 +1,8 @@
 /*
- * Method + path routing. The route tables are listed once, in api_tables
- * (subsys.c; each api_*.c contributes one table); a request is matched
- * against every table in order, first match wins.
+ * Method + path routing. The route tables are handed over once by the
+ * composition root (app.c lists one table per api/ file); a request is
+ * matched against every table in order, first match wins. The router
+ * knows no handler by name.
  *
  * Rules kept here, centrally, so that no handler has to repeat them:
  *   - unknown path → 404 not_found; known path, other method → 405
@@ -15,16 +16,16 @@
 #include "net/router.h"
 
 #include "kvidx/err.h"
-#include "app.h"
 
 #include <strings.h>
 #include <string.h>
 
-static const struct route *const *tables = api_tables;
+static const struct route *const no_tables[] = {NULL};
+static const struct route *const *tables = no_tables;
 
 void router_use_tables(const struct route *const *t)
 {
-    tables = t ? t : api_tables;
+    tables = t ? t : no_tables;
 }
 
 static const char *const method_names[M_COUNT] = {"GET", "HEAD", "PUT", "POST", "DELETE", "OTHER"};

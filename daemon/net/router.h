@@ -18,16 +18,14 @@ struct route {
     const char *name; /* metrics label, e.g. "keys_get" */
 };
 
-/* Each api_*.c exports a table ending with {0, NULL, NULL, NULL}. */
-extern const struct route ops_routes[];
-
 /* Finds the handler for req and runs it. Fills res for 404/405 itself.
  * route_name (may be NULL) receives the matched route's metrics label
  * ("unknown" when nothing matched). Returns what the handler returned. */
 int router_dispatch(struct request *req, struct response *res, const char **route_name);
 
-/* Replaces the NULL-terminated list of route tables (tests use it to
- * register their own handlers); NULL restores the built-in list. */
+/* Sets the NULL-terminated list of route tables the router matches
+ * against (the composition root hands over the API's; tests register their
+ * own). NULL leaves no route: every path answers 404. */
 void router_use_tables(const struct route *const *tables);
 
 #endif

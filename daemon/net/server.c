@@ -47,12 +47,6 @@ struct server {
     char rbuf[READ_CHUNK];
 };
 
-char *server_read_buf(struct server *s, size_t *len)
-{
-    *len = sizeof(s->rbuf);
-    return s->rbuf;
-}
-
 size_t server_connections(const struct server *s)
 {
     return s->nconns;
@@ -76,8 +70,9 @@ static void check_drained(struct server *s)
     }
 }
 
-void server_conn_gone(struct server *s, struct conn_node *n)
+static void conn_gone(void *ctx, struct conn_node *n)
 {
+    struct server *s = ctx;
     n->prev->next = n->next;
     n->next->prev = n->prev;
     n->next = n->prev = n;
@@ -118,7 +113,8 @@ static void on_connection(uv_stream_t *l, int status)
         warn_accept(s, "cannot take a connection", status);
         return;
     }
-    struct conn *c = conn_new(s->app, s);
+    struct conn_host host = {s->rbuf, sizeof(s->rbuf), conn_gone, s};
+    struct conn *c = conn_new(s->app, &host);
     if (!c) {
         if (!s->spare_busy) {
             s->spare_busy = 1;

@@ -26,9 +26,4 @@ void server_drain(struct server *s, uint64_t timeout_ms, void (*done)(struct ser
 void server_close(struct server *s);
 size_t server_connections(const struct server *s);
 
-/* For conn.c: the shared read buffer (the loop is single-threaded and
- * connections consume reads synchronously) and the close notification. */
-char *server_read_buf(struct server *s, size_t *len);
-void server_conn_gone(struct server *s, struct conn_node *n);
-
 #endif

@@ -1,11 +1,9 @@
 /*
- * The key catalogue as the daemon holds it: the libkvidx index, the
- * page-token keyring, and the route tables of /v1/keys (api_keys.c).
+ * The key catalogue as the daemon holds it: the libkvidx index and the
+ * page-token keyring (state/keystore.c); served by api/keys.c.
  */
 #ifndef KVIDXD_KEYSTORE_H
 #define KVIDXD_KEYSTORE_H
-
-#include "net/router.h"
 
 #include "kvidx/index.h"
 #include "kvidx/page_token.h"
@@ -18,10 +16,9 @@ struct keystore {
     struct app *app;
 };
 
-/* Creates app->keystore with the capacities of app->cfg. 0 or KVIDX_E*. */
+/* Creates app->keystore with the capacities of app->cfg and registers its
+ * gauges with app->metrics (when set). 0 or KVIDX_E*. */
 int keystore_init(struct app *app);
 void keystore_free(struct app *app);
-
-extern const struct route key_routes[];
 
 #endif

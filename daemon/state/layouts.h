@@ -5,7 +5,6 @@
 #ifndef KVIDXD_LAYOUTS_H
 #define KVIDXD_LAYOUTS_H
 
-#include "net/router.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -18,7 +17,5 @@ void layouts_free(struct layouts *l);
 int layouts_size(const struct layouts *l, const char *model, size_t model_len, uint8_t world_size,
                  uint64_t *size);
 size_t layouts_count(const struct layouts *l);
-
-extern const struct route layout_routes[];
 
 #endif

@@ -11,7 +11,6 @@
 #ifndef KVIDXD_PREFETCHES_H
 #define KVIDXD_PREFETCHES_H
 
-#include "net/router.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -40,7 +39,5 @@ struct prefetches_stats {
     uint64_t tasks;           /* external-loader tasks unfinished */
 };
 void prefetches_stats(const struct app *app, struct prefetches_stats *out);
-
-extern const struct route prefetch_routes[];
 
 #endif

@@ -17,10 +17,7 @@
  */
 #include "util/metrics.h"
 
-#include "state/keystore.h"
-#include "state/prefetches.h"
-
-#include "util/context.h"
+#include "kvidx/err.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -33,6 +30,7 @@
 
 #define MAX_ROUTES   64
 #define MAX_COUNTERS 64
+#define MAX_SOURCES  16
 #define NAME_CAP     64
 #define N_CLASSES    5 /* 1xx .. 5xx */
 
@@ -76,6 +74,11 @@ struct metrics {
     uint64_t hit_count, hit_sum;
     uint64_t conn_open, conn_accepted, conn_rejected;
     double start_time; /* wall clock, seconds since the epoch */
+    struct {
+        metrics_gauges_fn fn;
+        void *ctx;
+    } sources[MAX_SOURCES]; /* registration order is rendering order */
+    size_t n_sources;
 };
 
 struct metrics *metrics_new(void)
@@ -223,6 +226,32 @@ void metrics_totals(const struct metrics *m, struct metrics_totals *out)
 }
 
 /* ---- rendering ---- */
+
+int metrics_register(struct metrics *m, metrics_gauges_fn fn, void *ctx)
+{
+    if (!m)
+        return 0;
+    if (m->n_sources == MAX_SOURCES)
+        return KVIDX_ENOMEM;
+    m->sources[m->n_sources].fn = fn;
+    m->sources[m->n_sources].ctx = ctx;
+    m->n_sources++;
+    return 0;
+}
+
+void metrics_unregister(struct metrics *m, metrics_gauges_fn fn, void *ctx)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->n_sources; i++) {
+        if (m->sources[i].fn == fn && m->sources[i].ctx == ctx) {
+            memmove(&m->sources[i], &m->sources[i + 1],
+                    (m->n_sources - i - 1) * sizeof(m->sources[0]));
+            m->n_sources--;
+            return;
+        }
+    }
+}
 
 static void family(struct buf *out, const char *name, const char *type, const char *help)
 {
@@ -441,62 +470,21 @@ static void render_process(const struct metrics *m, struct buf *out)
     }
 }
 
-/* One unlabelled sample with its HELP and TYPE lines. */
-static void single(struct buf *out, const char *name, const char *type, const char *help,
-                   uint64_t v)
+void metrics_single(struct buf *out, const char *name, const char *type, const char *help,
+                    uint64_t v)
 {
     family(out, name, type, help);
     sample_u64(out, name, v);
 }
 
-/* A gauge with one sample per tier. */
-static void per_tier(struct buf *out, const char *name, const char *help, uint64_t l1, uint64_t l2)
+void metrics_per_tier(struct buf *out, const char *name, const char *help, uint64_t l1, uint64_t l2)
 {
     family(out, name, "gauge", help);
     buf_printf(out, "%s{tier=\"l1\"} %llu\n%s{tier=\"l2\"} %llu\n", name, (unsigned long long)l1,
                name, (unsigned long long)l2);
 }
 
-/* State read from the app rather than counted here. */
-static void render_app(const struct app *app, struct buf *out)
-{
-    family(out, "kvidx_ready", "gauge", "1 when /readyz answers 200 (restored, not draining).");
-    sample_u64(out, "kvidx_ready", app->ready && !app->draining ? 1 : 0);
-
-    if (!app->keystore)
-        return;
-    kvidx_index_stats_t st;
-    kvidx_index_stats(app->keystore->idx, &st);
-    per_tier(out, "kvidx_keys", "Keys known, by tier (a key may be in both).", st.l1_keys,
-             st.l2_keys);
-    single(out, "kvidx_keys_distinct", "gauge", "Distinct keys known in any tier.", st.keys);
-    per_tier(out, "kvidx_bytes", "Bytes of the objects named by keys, by tier.", st.l1_bytes,
-             st.l2_bytes);
-    per_tier(out, "kvidx_capacity_bytes", "Configured capacity by tier (0 = unbounded).",
-             st.l1_capacity_bytes, st.l2_capacity_bytes);
-    single(out, "kvidx_l1_loading", "gauge", "L1 copies reserved by a load in progress.",
-           st.l1_loading);
-    single(out, "kvidx_l1_pinned", "gauge", "L1 copies with at least one pin.", st.l1_pinned);
-    single(out, "kvidx_pins", "gauge", "Pins (read locks) held on L1 copies.", st.l1_pins);
-    single(out, "kvidx_evictions_total", "counter", "L1 copies evicted to make room.",
-           st.evictions);
-    single(out, "kvidx_namespaces", "gauge", "Distinct (cache_salt, model_name) pairs.",
-           st.namespaces);
-
-    if (!app->prefetches)
-        return;
-    struct prefetches_stats ps;
-    prefetches_stats(app, &ps);
-    single(out, "kvidx_prefetch_handles", "gauge", "Prefetch handles that exist (any status).",
-           ps.handles);
-    single(out, "kvidx_prefetch_handles_pending", "gauge", "Prefetch handles waiting for loads.",
-           ps.handles_pending);
-    single(out, "kvidx_prefetch_pins", "gauge", "Pins held by prefetch handles.", ps.pins);
-    single(out, "kvidx_loads_in_flight", "gauge", "L2 to L1 loads in flight.", ps.loads);
-    single(out, "kvidx_load_tasks", "gauge", "External-loader tasks not finished.", ps.tasks);
-}
-
-void metrics_render(struct metrics *m, const struct app *app, struct buf *out)
+void metrics_render(struct metrics *m, struct buf *out)
 {
     if (!m)
         return;
@@ -505,6 +493,6 @@ void metrics_render(struct metrics *m, const struct app *app, struct buf *out)
     render_http(m, out);
     render_lookup(m, out);
     render_counters(m, out);
-    if (app)
-        render_app(app, out);
+    for (size_t i = 0; i < m->n_sources; i++)
+        m->sources[i].fn(m->sources[i].ctx, out);
 }

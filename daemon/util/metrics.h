@@ -9,7 +9,6 @@
 
 #include <stdint.h>
 
-struct app;
 struct metrics;
 
 struct metrics *metrics_new(void); /* NULL on out of memory */
@@ -36,7 +35,21 @@ struct metrics_totals {
     uint64_t conn_rejected; /* refused past max_connections */
 };
 void metrics_totals(const struct metrics *m, struct metrics_totals *out);
-/* Renders every metric, including the ones read from app (keys, bytes per tier, ...). */
-void metrics_render(struct metrics *m, const struct app *app, struct buf *out);
+/* Gauges are pulled from the subsystems that own them: each registers a
+ * function that writes its families (with metrics_single/metrics_per_tier)
+ * when /metrics is rendered, in registration order, and unregisters it
+ * before its state goes away. metrics_register returns 0 or KVIDX_ENOMEM
+ * (more than 16 sources); both do nothing when m is NULL. */
+typedef void (*metrics_gauges_fn)(void *ctx, struct buf *out);
+int metrics_register(struct metrics *m, metrics_gauges_fn fn, void *ctx);
+void metrics_unregister(struct metrics *m, metrics_gauges_fn fn, void *ctx);
+/* One unlabelled sample with its HELP and TYPE lines. */
+void metrics_single(struct buf *out, const char *name, const char *type, const char *help,
+                    uint64_t v);
+/* A gauge with one sample per tier (tier="l1", tier="l2"). */
+void metrics_per_tier(struct buf *out, const char *name, const char *help, uint64_t l1,
+                      uint64_t l2);
+/* Renders every metric: the ones counted here, then every registered source's. */
+void metrics_render(struct metrics *m, struct buf *out);
 
 #endif

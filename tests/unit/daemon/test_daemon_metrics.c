@@ -178,7 +178,7 @@ static char *render(struct metrics *m)
 {
     struct buf b;
     buf_init(&b);
-    metrics_render(m, NULL, &b);
+    metrics_render(m, &b);
     cr_assert(!b.failed);
     return b.data;
 }

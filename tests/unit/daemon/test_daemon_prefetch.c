@@ -6,6 +6,7 @@
  */
 #include <criterion/criterion.h>
 
+#include "app.h"
 #include "util/context.h"
 #include "util/config.h"
 #include "state/keystore.h"
@@ -36,6 +37,7 @@ static void setup_with(void (*tweak)(struct config *))
     cr_assert_not_null(app.metrics);
     cr_assert_eq(keystore_init(&app), 0);
     cr_assert_eq(prefetches_init(&app), 0);
+    router_use_tables(app_route_tables);
 }
 
 static void setup(void)

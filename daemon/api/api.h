@@ -1,0 +1,16 @@
+/*
+ * The route tables of the HTTP API, one per resource file in api/. Each
+ * table ends with a route whose pattern is NULL. The composition root
+ * (app.c) lists them for the router; nothing below api/ knows them.
+ */
+#ifndef KVIDXD_API_H
+#define KVIDXD_API_H
+
+#include "net/router.h"
+
+extern const struct route ops_routes[];    /* ops.c: /livez /readyz /metrics /v1/stats /v1/limits */
+extern const struct route layout_routes[]; /* layouts.c: /v1/layouts */
+extern const struct route key_routes[];    /* keys.c: /v1/keys */
+extern const struct route prefetch_routes[]; /* prefetch.c: /v1/lookup /v1/prefetches /v1/loads */
+
+#endif
