@@ -63,12 +63,4 @@ int persist_load_snapshot(const char *path, kvidx_index_t *idx, struct layouts *
                           uint64_t *next_gen, uint64_t *nkeys, uint64_t *nlayouts,
                           const char **why);
 
-/* Implemented in api_layouts.c for persistence: the i-th layout (0 or
- * KVIDX_ENOTFOUND past the end); registers a layout from its normalized
- * JSON (0 or KVIDX_EINVAL/ENOMEM); removes one (0 or KVIDX_ENOTFOUND). */
-int layouts_at(const struct layouts *l, size_t i, const char **model, size_t *model_len,
-               uint8_t *world_size, const char **json);
-int layouts_restore(struct layouts *l, const char *json, size_t len);
-int layouts_forget(struct layouts *l, const char *model, size_t model_len, uint8_t world_size);
-
 #endif
