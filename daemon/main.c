@@ -37,6 +37,7 @@ struct opts {
     const char *sets[MAX_SETS];
     size_t nsets;
     int check_only;
+    int exit_now; /* --help or --version: done */
 };
 
 struct daemon {
@@ -72,7 +73,8 @@ static void usage(FILE *f)
     }
 }
 
-/* Returns 0 to go on, 1 to exit 0 (help, version), -1 to exit 2. */
+/* 0, or KVIDX_EINVAL (the reason is printed). --help and --version print
+ * and set o->exit_now. */
 static int parse_args(int argc, char **argv, struct opts *o)
 {
     for (int i = 1; i < argc; i++) {
@@ -80,7 +82,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         if (strcmp(a, "-c") == 0 || strcmp(a, "--config") == 0) {
             if (++i >= argc) {
                 fprintf(stderr, "kvidxd: %s needs a file name\n", a);
-                return -1;
+                return KVIDX_EINVAL;
             }
             o->config_path = argv[i];
         } else if (strncmp(a, "--config=", 9) == 0) {
@@ -88,55 +90,57 @@ static int parse_args(int argc, char **argv, struct opts *o)
         } else if (strcmp(a, "--set") == 0 || strcmp(a, "-s") == 0) {
             if (++i >= argc) {
                 fprintf(stderr, "kvidxd: --set needs NAME=VALUE\n");
-                return -1;
+                return KVIDX_EINVAL;
             }
             if (o->nsets == MAX_SETS) {
                 fprintf(stderr, "kvidxd: too many --set options\n");
-                return -1;
+                return KVIDX_EINVAL;
             }
             o->sets[o->nsets++] = argv[i];
         } else if (strncmp(a, "--set=", 6) == 0) {
             if (o->nsets == MAX_SETS) {
                 fprintf(stderr, "kvidxd: too many --set options\n");
-                return -1;
+                return KVIDX_EINVAL;
             }
             o->sets[o->nsets++] = a + 6;
         } else if (strcmp(a, "--check-config") == 0) {
             o->check_only = 1;
         } else if (strcmp(a, "--version") == 0 || strcmp(a, "-V") == 0) {
             printf("kvidxd %s\n", KVIDX_VERSION);
-            return 1;
+            o->exit_now = 1;
+            return 0;
         } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
-            return 1;
+            o->exit_now = 1;
+            return 0;
         } else {
             fprintf(stderr, "kvidxd: unknown argument '%s' (try --help)\n", a);
-            return -1;
+            return KVIDX_EINVAL;
         }
     }
     return 0;
 }
 
-/* Defaults → file → --set → checks. */
+/* Defaults → file → --set → checks. 0, or KVIDX_EINVAL with the reason in err. */
 static int build_config(const struct opts *o, struct config *c, char *err, size_t errlen)
 {
     config_defaults(c);
     if (o->config_path && config_load_file(c, o->config_path, err, errlen) < 0)
-        return -1;
+        return KVIDX_EINVAL;
     for (size_t i = 0; i < o->nsets; i++) {
         char name[128];
         const char *eq = strchr(o->sets[i], '=');
         size_t nl = eq ? (size_t)(eq - o->sets[i]) : 0;
         if (!eq || nl == 0 || nl >= sizeof(name)) {
             snprintf(err, errlen, "--set '%s': expected NAME=VALUE", o->sets[i]);
-            return -1;
+            return KVIDX_EINVAL;
         }
         memcpy(name, o->sets[i], nl);
         name[nl] = '\0';
         if (config_set(c, name, eq + 1, err, errlen) < 0)
-            return -1;
+            return KVIDX_EINVAL;
     }
-    return config_check(c, err, errlen) < 0 ? -1 : 0;
+    return config_check(c, err, errlen) < 0 ? KVIDX_EINVAL : 0;
 }
 
 static void list_nondefault(void *ctx, const char *name, const char *from, const char *to)
@@ -259,7 +263,9 @@ int main(int argc, char **argv)
 
     int rc = parse_args(argc, argv, &d->opts);
     if (rc != 0)
-        return rc > 0 ? 0 : 2;
+        return 2;
+    if (d->opts.exit_now)
+        return 0;
     if (build_config(&d->opts, &d->app.cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvidxd: invalid configuration: %s\n", err);
         return 2;
