@@ -9,7 +9,7 @@
 # Knobs (environment):
 #   BENCH_INDEX_KEYS  keys for bench_index       (default 10000000; ~3 min)
 #   BENCH_LIST_KEYS   N keys for the listing run (default 1000000, multiple of 1000;
-#                     10000000 works but adds ~5 min: see docs/PERFORMANCE.md)
+#                     10000000 works but adds ~5 min: see docs/performance.md)
 #   BENCH_PUT_BATCHES PUT batches of 1000 timed  (default 200)
 #   BENCH_WRK_SECS    duration of each wrk run   (default 5)
 #   BENCH_REPS        rounds of each wrk / listing comparison, alternating
