@@ -65,8 +65,9 @@ static void bench_restore(const char *dir, size_t nkeys)
     printf("bulk_load_seconds %.3f s\n", now() - tf);
     struct layouts *l = layouts_new();
     double t0 = now();
-    if (persist_write_snapshot(idx, l, dir, 1) != 0) {
-        perror("persist_write_snapshot");
+    int rc = persist_write_snapshot(idx, l, dir, 1);
+    if (rc != 0) {
+        fprintf(stderr, "persist_write_snapshot: %s\n", kvidx_err_name(rc));
         exit(1);
     }
     double t1 = now();

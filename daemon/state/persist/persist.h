@@ -1,8 +1,8 @@
 /*
- * Persistence (SPEC §6, issue #6): snapshot + append-only journal in
- * data_dir, warm restart, and the hooks the write handlers call. See
- * docs/persistence.md for the design and the file formats
- * (lib/include/kvidx/journal.h).
+ * Persistence: snapshot + append-only journal in data_dir, warm restart,
+ * and the hooks the write handlers call. See docs/persistence.md for the
+ * design and lib/include/kvidx/journal.h for the file formats; the files
+ * of this folder and what each owns are listed in persist_int.h.
  */
 #ifndef KVIDXD_PERSIST_H
 #define KVIDXD_PERSIST_H
@@ -41,7 +41,7 @@ int persist_refuse(const struct request *req, struct response *res);
  * Otherwise returns 0 (send now). */
 int persist_ack(const struct request *req, struct response *res);
 
-/* Layout registry changes (api_layouts.c). */
+/* Layout registry changes (api/layouts.c). */
 void persist_layout_put(struct app *app, const char *model, size_t model_len, uint8_t world_size,
                         const char *json, size_t json_len);
 void persist_layout_del(struct app *app, const char *model, size_t model_len, uint8_t world_size);
@@ -53,10 +53,12 @@ void persist_layout_before(struct app *app, const char *model, size_t model_len,
 
 /* The snapshot code paths on their own (the daemon and bench_persist use
  * them). persist_write_snapshot writes dir/snapshot.tmp from idx and
- * layouts, fsyncs it, renames it to dir/snapshot.kvs and fsyncs dir: 0 or
- * -1 (errno). persist_load_snapshot loads path into idx and layouts: 0; 1
- * when the file does not exist; or a KVIDX_E* code with a static reason in
- * *why (the index may then hold part of the snapshot). */
+ * layouts, fsyncs it, renames it to dir/snapshot.kvs and fsyncs dir: 0, or
+ * KVIDX_ESTORAGE (a file operation failed), KVIDX_ENOMEM or KVIDX_EINVAL
+ * (a record could not be encoded), the reason logged.
+ * persist_load_snapshot loads path into idx and layouts: 0; 1 when the
+ * file does not exist; or a KVIDX_E* code with a static reason in *why
+ * (the index may then hold part of the snapshot). */
 int persist_write_snapshot(kvidx_index_t *idx, const struct layouts *layouts, const char *dir,
                            uint64_t next_gen);
 int persist_load_snapshot(const char *path, kvidx_index_t *idx, struct layouts *layouts,
