@@ -1,0 +1,109 @@
+/*
+ * Private to the connection: the state that conn_parse.c (llhttp callbacks,
+ * request limits, dispatch) and conn.c (the answer queue, serialization,
+ * writes, timeouts, close) share. Nothing outside daemon/net/conn*.c
+ * includes this header.
+ */
+#ifndef KVIDXD_CONN_INT_H
+#define KVIDXD_CONN_INT_H
+
+#include "net/conn.h"
+#include "net/http.h"
+
+#include <llhttp.h>
+#include <stdint.h>
+
+enum {
+    MAX_PIPELINE = 64,  /* queued answers before parsing pauses */
+    LINGER_MS = 2000,   /* after the last answer: wait this long for EOF */
+    BIG_BUF = 1u << 20, /* output buffers above this are freed, not kept */
+    HNAME_MAX = 32,     /* longest header name we care about, plus room */
+    EXPECT_MAX = 32,
+};
+
+enum timer_action { T_NONE = 0, T_408, T_CLOSE };
+
+/* One request from its first byte to its answer: owns every string the
+ * handler sees (the request) and the answer being built (the response). */
+struct pending {
+    struct pending *next;
+    struct conn *conn; /* NULL once the connection is gone */
+    struct request req;
+    struct response res;
+    struct buf url, ct, auth, body;
+    int has_ct, has_auth;
+    int head_only;
+    int keep_alive;
+    int http10;
+    const char *route_name;
+};
+
+struct conn {
+    struct conn_node node;
+    struct app *app;
+    struct conn_host host; /* socket mode: read buffer and owner */
+    int test;
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    uv_write_t wreq;
+    uv_shutdown_t sreq;
+    int handles_open;
+    llhttp_t parser;
+
+    struct pending *cur; /* the request being parsed */
+    struct pending *qhead, *qtail;
+    size_t qlen;
+
+    struct buf out;  /* serialized, not yet written */
+    struct buf wbuf; /* being written */
+    struct buf in;   /* input kept while parsing is paused */
+    struct buf test_out;
+
+    int writing, reading, paused, in_parse, in_pump;
+    int stop_parsing; /* no further request will be parsed */
+    int close_after;  /* close once `out` is written */
+    int closing;
+    int lingering;
+    int peer_eof;
+    int draining;
+    int err; /* KVIDX_E* recorded by a callback that stopped the parser */
+
+    int in_message, headers_done;
+    size_t header_bytes;
+    char hname[HNAME_MAX];
+    size_t hname_len;
+    int hname_over;
+    int hwhich; /* 1 content-type, 2 authorization, 3 expect */
+    char expect[EXPECT_MAX];
+    size_t expect_len;
+
+    uint64_t nreq;      /* requests begun on this connection */
+    uint64_t anchor_ms; /* accept or end of the previous answer */
+    uint64_t header_deadline;
+    uint64_t last_progress_ms; /* last read or completed write */
+    uint64_t deadline;
+    enum timer_action timer_action;
+};
+
+/* conn.c: requests and the answer queue. */
+struct pending *conn_pending_new(struct conn *c); /* NULL on out of memory */
+void conn_pending_free(struct pending *p);
+void conn_enqueue(struct conn *c, struct pending *p);
+/* Queues an error answer that ends the connection: it replaces the request
+ * being parsed (if any) and nothing after it is parsed. */
+void conn_queue_error(struct conn *c, int err, const char *detail);
+/* Bytes serialized but not yet handed to the kernel. */
+size_t conn_unsent(const struct conn *c);
+uint64_t conn_now_ms(const struct conn *c);
+
+/* conn_parse.c: bytes in, requests dispatched. */
+/* Initializes c->parser with the shared callback table. */
+void conn_parser_init(struct conn *c);
+/* Runs the parser over data; on pause keeps the rest in c->in. */
+void conn_parse(struct conn *c, const char *data, size_t n);
+/* 1 when parsing was paused and may go on now. */
+int conn_can_resume(const struct conn *c);
+/* Parses what was kept in c->in while paused. */
+void conn_resume_parse(struct conn *c);
+
+#endif

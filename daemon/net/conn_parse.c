@@ -1,0 +1,388 @@
+/*
+ * Bytes in, requests out: the llhttp callbacks of a connection, the
+ * request limits, and the hand-off of each complete request to the router.
+ *
+ * Owns: c->parser, the request being parsed (c->cur) and its copies of the
+ * URL, the headers we keep (Content-Type, Authorization, Expect) and the
+ * body; the input kept while parsing is paused (c->in).
+ *
+ * Invariants:
+ *   - memory per request is bounded: URL <= max_uri_bytes, header block
+ *     <= max_header_bytes, body <= max_body_bytes; a limit is checked before
+ *     the bytes are copied;
+ *   - a callback never closes and never touches the answer queue except to
+ *     append a complete request; it records what went wrong in c->err (a
+ *     KVIDX_E* code) and returns llhttp's -1, or HPE_PAUSED to stop early;
+ *   - after a limit or parse error the parser is never run again on the
+ *     connection (conn_queue_error sets stop_parsing);
+ *   - no pointer into the caller's bytes survives llhttp_execute: what is
+ *     kept is copied into the request's buffers or into c->in.
+ *
+ * Internal helpers return 0 or a negative KVIDX_E*; only the llhttp
+ * callbacks speak llhttp's convention (0, -1, HPE_PAUSED).
+ */
+#include "net/conn_int.h"
+
+#include "kvidx/err.h"
+#include "net/router.h"
+#include "util/context.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define BODY_PREALLOC_MAX (256 * 1024)
+
+static llhttp_settings_t parser_settings;
+static int parser_settings_ready;
+
+/* Records err for conn_parse and tells llhttp to stop. */
+static int cb_fail(struct conn *c, int err)
+{
+    c->err = err;
+    return -1;
+}
+
+static int cb_message_begin(llhttp_t *h)
+{
+    struct conn *c = h->data;
+    uint64_t now = conn_now_ms(c), ht = c->app->cfg.header_timeout_ms;
+    c->cur = conn_pending_new(c);
+    if (!c->cur)
+        return cb_fail(c, KVIDX_ENOMEM);
+    c->in_message = 1;
+    c->headers_done = 0;
+    c->header_bytes = 0;
+    c->hname_len = 0;
+    c->hname_over = 0;
+    c->hwhich = 0;
+    c->expect_len = 0;
+    c->nreq++;
+    /* The header timeout runs from accept / the end of the previous answer;
+     * a client that was idle past it gets a fresh period from its first
+     * byte (idleness is idle_timeout_ms's business). */
+    c->header_deadline = (now <= c->anchor_ms + ht) ? c->anchor_ms + ht : now + ht;
+    return 0;
+}
+
+/* Appends a piece of the URL or body, which llhttp may deliver in several
+ * callbacks, refusing to grow past cap. Returns 0, err (the limit's code)
+ * or KVIDX_ENOMEM. */
+static int append_capped(struct buf *b, const char *at, size_t n, uint64_t cap, int err)
+{
+    if (b->len + n > cap)
+        return err;
+    buf_append(b, at, n);
+    return b->failed ? KVIDX_ENOMEM : 0;
+}
+
+static int cb_url(llhttp_t *h, const char *at, size_t n)
+{
+    struct conn *c = h->data;
+    int rc = append_capped(&c->cur->url, at, n, c->app->cfg.max_uri_bytes, KVIDX_EURISIZE);
+    return rc ? cb_fail(c, rc) : 0;
+}
+
+/* Counts n more bytes of the header block. Returns 0 or KVIDX_EHEADERSIZE. */
+static int count_header(struct conn *c, size_t n)
+{
+    c->header_bytes += n;
+    return c->header_bytes > c->app->cfg.max_header_bytes ? KVIDX_EHEADERSIZE : 0;
+}
+
+static int cb_header_field(llhttp_t *h, const char *at, size_t n)
+{
+    struct conn *c = h->data;
+    int rc = count_header(c, n);
+    if (rc)
+        return cb_fail(c, rc);
+    if (c->hname_len + n >= sizeof(c->hname)) {
+        c->hname_over = 1;
+        return 0;
+    }
+    memcpy(c->hname + c->hname_len, at, n);
+    c->hname_len += n;
+    return 0;
+}
+
+static int cb_header_field_complete(llhttp_t *h)
+{
+    struct conn *c = h->data;
+    c->hname[c->hname_len] = '\0';
+    c->hwhich = 0;
+    if (!c->hname_over) {
+        if (strcasecmp(c->hname, "content-type") == 0)
+            c->hwhich = 1;
+        else if (strcasecmp(c->hname, "authorization") == 0)
+            c->hwhich = 2;
+        else if (strcasecmp(c->hname, "expect") == 0)
+            c->hwhich = 3;
+    }
+    if (c->hwhich == 1) {
+        /* A repeated Content-Type makes the value unusable (→ 415). */
+        if (c->cur->has_ct)
+            buf_putc(&c->cur->ct, ',');
+        c->cur->has_ct = 1;
+    }
+    if (c->hwhich == 2)
+        c->cur->has_auth = 1;
+    c->hname_len = 0;
+    c->hname_over = 0;
+    /* ": " and CRLF of the line count towards the header block. */
+    int rc = count_header(c, 4);
+    return rc ? cb_fail(c, rc) : 0;
+}
+
+static int cb_header_value(llhttp_t *h, const char *at, size_t n)
+{
+    struct conn *c = h->data;
+    struct pending *p = c->cur;
+    int rc = count_header(c, n);
+    if (rc)
+        return cb_fail(c, rc);
+    switch (c->hwhich) {
+    case 1:
+        buf_append(&p->ct, at, n);
+        break;
+    case 2:
+        buf_append(&p->auth, at, n);
+        break;
+    case 3:
+        if (c->expect_len + n < sizeof(c->expect)) {
+            memcpy(c->expect + c->expect_len, at, n);
+            c->expect_len += n;
+        }
+        break;
+    default:
+        break;
+    }
+    if (p->ct.failed || p->auth.failed)
+        return cb_fail(c, KVIDX_ENOMEM);
+    return 0;
+}
+
+static int cb_header_value_complete(llhttp_t *h)
+{
+    struct conn *c = h->data;
+    c->hwhich = 0;
+    return 0;
+}
+
+static enum http_method map_method(uint8_t m)
+{
+    switch (m) {
+    case HTTP_GET:
+        return M_GET;
+    case HTTP_HEAD:
+        return M_HEAD;
+    case HTTP_PUT:
+        return M_PUT;
+    case HTTP_POST:
+        return M_POST;
+    case HTTP_DELETE:
+        return M_DELETE;
+    default:
+        return M_OTHER;
+    }
+}
+
+static int cb_headers_complete(llhttp_t *h)
+{
+    struct conn *c = h->data;
+    struct pending *p = c->cur;
+    c->headers_done = 1;
+    p->req.method = map_method(llhttp_get_method(h));
+    p->req.method_name = llhttp_method_name((llhttp_method_t)llhttp_get_method(h));
+    p->head_only = p->req.method == M_HEAD;
+    if ((h->flags & F_CONTENT_LENGTH) && h->content_length > c->app->cfg.max_body_bytes)
+        return cb_fail(c, KVIDX_EBODYSIZE);
+    /* A known body size gets its buffer at once, not by doublings that
+     * copy it (a 1000-key body is ~150 KB). Up to 256 KiB only: the
+     * announced size costs memory before any of it has arrived. A failure
+     * here is left to the appends. */
+    if ((h->flags & F_CONTENT_LENGTH) && h->content_length > 0 &&
+        h->content_length <= BODY_PREALLOC_MAX && buf_reserve(&p->body, h->content_length) != 0)
+        p->body.failed = 0;
+    /* Answer "100 Continue" only when it cannot overtake an earlier answer. */
+    if (c->expect_len == 12 && strncasecmp(c->expect, "100-continue", 12) == 0 && !c->qhead &&
+        ((h->flags & F_CHUNKED) || h->content_length > 0) && h->http_minor >= 1)
+        buf_puts(&c->out, "HTTP/1.1 100 Continue\r\n\r\n");
+    return 0;
+}
+
+static int cb_body(llhttp_t *h, const char *at, size_t n)
+{
+    struct conn *c = h->data;
+    int rc = append_capped(&c->cur->body, at, n, c->app->cfg.max_body_bytes, KVIDX_EBODYSIZE);
+    return rc ? cb_fail(c, rc) : 0;
+}
+
+static void finish_request(struct pending *p, llhttp_t *h)
+{
+    struct request *r = &p->req;
+    /* One allocation holds the URL, its NUL, and the router's scratch
+     * space after it (a decoded path is never longer than the raw one).
+     * Appending nothing NUL-terminates (and allocates: data != NULL). */
+    buf_reserve(&p->url, p->url.len + 1);
+    buf_append(&p->url, "", 0);
+    if (p->has_ct)
+        buf_append(&p->ct, "", 0);
+    if (p->has_auth)
+        buf_append(&p->auth, "", 0);
+    /* After an allocation failure dispatch() answers 503; the request only
+     * has to be safe to log. */
+    size_t ulen = p->url.failed || !p->url.data ? 0 : p->url.len;
+    char *url = ulen ? p->url.data : "";
+    char *q = memchr(url, '?', ulen);
+    r->path = url;
+    r->path_len = q ? (size_t)(q - url) : ulen;
+    if (q) {
+        *q = '\0';
+        r->query = q + 1;
+        r->query_len = ulen - r->path_len - 1;
+        r->has_query = 1;
+    }
+    r->body = p->body.len && p->body.data ? p->body.data : "";
+    r->body_len = p->body.len;
+    r->content_type = p->has_ct && p->ct.data ? p->ct.data : NULL;
+    r->authorization = p->has_auth && p->auth.data ? p->auth.data : NULL;
+    r->http_major = h->http_major;
+    r->http_minor = h->http_minor;
+    r->start_ns = uv_hrtime();
+    p->http10 = h->http_major == 1 && h->http_minor == 0;
+    p->keep_alive = llhttp_should_keep_alive(h);
+    if (!p->url.failed) {
+        r->scratch = p->url.data + p->url.len + 1;
+        r->scratch_cap = p->url.len + 1;
+    }
+}
+
+static void dispatch(struct conn *c, struct pending *p)
+{
+    struct response *res = &p->res;
+    int rc;
+    if (p->url.failed || p->ct.failed || p->auth.failed || p->body.failed) {
+        res_problem(res, KVIDX_ENOMEM, "Out of memory.", NULL, 0);
+        rc = 0;
+    } else if (p->req.path_len == 0 || p->req.path[0] != '/') {
+        /* Only origin-form targets ("/path?query") are served. */
+        res_problem(res, KVIDX_EBADREQUEST, "The request target must start with '/'.", NULL, 0);
+        rc = 0;
+    } else {
+        c->in_parse++;
+        rc = router_dispatch(&p->req, res, &p->route_name);
+        c->in_parse--;
+    }
+    if (rc == HANDLER_ASYNC && res->deferred)
+        return; /* done already if the handler completed synchronously */
+    if (rc < 0)
+        res_problem(res, rc, NULL, NULL, 0);
+    else if (res->status < 100 || res->status > 999)
+        res_problem(res, KVIDX_EINTERNAL, "The handler produced no answer.", NULL, 0);
+    res->done = 1;
+}
+
+static int cb_message_complete(llhttp_t *h)
+{
+    struct conn *c = h->data;
+    struct pending *p = c->cur;
+    c->cur = NULL;
+    c->in_message = 0;
+    c->headers_done = 0;
+    finish_request(p, h);
+    conn_enqueue(c, p);
+    dispatch(c, p);
+    if (!p->keep_alive) {
+        c->stop_parsing = 1;
+        return HPE_PAUSED;
+    }
+    if (c->qlen >= MAX_PIPELINE || conn_unsent(c) > c->app->cfg.max_conn_output_bytes)
+        return HPE_PAUSED;
+    return 0;
+}
+
+static void init_settings(void)
+{
+    if (parser_settings_ready)
+        return;
+    llhttp_settings_init(&parser_settings);
+    parser_settings.on_message_begin = cb_message_begin;
+    parser_settings.on_url = cb_url;
+    parser_settings.on_header_field = cb_header_field;
+    parser_settings.on_header_field_complete = cb_header_field_complete;
+    parser_settings.on_header_value = cb_header_value;
+    parser_settings.on_header_value_complete = cb_header_value_complete;
+    parser_settings.on_headers_complete = cb_headers_complete;
+    parser_settings.on_body = cb_body;
+    parser_settings.on_message_complete = cb_message_complete;
+    parser_settings_ready = 1;
+}
+
+void conn_parser_init(struct conn *c)
+{
+    init_settings();
+    llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
+    c->parser.data = c;
+}
+
+void conn_parse(struct conn *c, const char *data, size_t n)
+{
+    if (c->stop_parsing || c->closing || n == 0)
+        return;
+    if (c->paused) {
+        buf_append(&c->in, data, n);
+        if (c->in.failed)
+            conn_queue_error(c, KVIDX_ENOMEM, "Out of memory.");
+        return;
+    }
+    c->in_parse++;
+    llhttp_errno_t e = llhttp_execute(&c->parser, data, n);
+    c->in_parse--;
+    if (e == HPE_OK)
+        return;
+    if (e == HPE_PAUSED) {
+        const char *pos = llhttp_get_error_pos(&c->parser);
+        size_t used = pos ? (size_t)(pos - data) : n;
+        if (c->stop_parsing || used >= n) {
+            if (!c->stop_parsing)
+                c->paused = 1;
+            return;
+        }
+        c->paused = 1;
+        buf_append(&c->in, data + used, n - used);
+        if (c->in.failed)
+            conn_queue_error(c, KVIDX_ENOMEM, "Out of memory.");
+        return;
+    }
+    if (c->err) {
+        int err = c->err;
+        c->err = 0;
+        conn_queue_error(c, err,
+                         err == KVIDX_EURISIZE      ? "The request target is too long."
+                         : err == KVIDX_EHEADERSIZE ? "The header block is too large."
+                         : err == KVIDX_EBODYSIZE   ? "The request body is too large."
+                                                    : NULL);
+        return;
+    }
+    /* llhttp's error names are static text, never request bytes. */
+    char detail[128];
+    snprintf(detail, sizeof(detail), "Malformed HTTP request (%s).", llhttp_errno_name(e));
+    conn_queue_error(c, KVIDX_EBADREQUEST, detail);
+}
+
+int conn_can_resume(const struct conn *c)
+{
+    return c->paused && !c->stop_parsing && !c->closing && c->qlen < MAX_PIPELINE &&
+           conn_unsent(c) <= c->app->cfg.max_conn_output_bytes;
+}
+
+void conn_resume_parse(struct conn *c)
+{
+    struct buf saved = c->in;
+    buf_init(&c->in);
+    c->paused = 0;
+    llhttp_resume(&c->parser);
+    conn_parse(c, saved.data, saved.len);
+    buf_free(&saved);
+}
