@@ -39,6 +39,7 @@
 #include "kvidx/key.h"
 #include "kvidx/prefetch_handle.h"
 #include "kvidx/prefetch_plan.h"
+#include "kvidx/prefetch_table.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -1277,21 +1278,18 @@ static int api_prefetch_create(const struct request *req, struct response *res)
 /* ---------------------------------------------------------------------- */
 /* /v1/prefetches/{id}[/release|/extend] */
 
-/* Parses the decimal id at the start of the route parameter; *suffix gets
- * the rest ("" or "/release"...). 0, or -1 when it is no id. */
+/* Reads the id at the start of the route parameter (canonical decimal,
+ * kvidx_pft_parse_id); *suffix gets the rest ("" or "/release"...). 0, or
+ * KVIDX_EINVAL when it is no id. */
 static int parse_id(const struct request *req, uint64_t *id, const char **suffix)
 {
-    const char *s = req->route_param;
-    size_t n = req->route_param_len, i = 0;
-    uint64_t v = 0;
-    if (!s)
-        return -1;
-    for (; i < n && s[i] >= '0' && s[i] <= '9' && i < 19; i++)
-        v = v * 10 + (uint64_t)(s[i] - '0');
-    if (i == 0 || (i < n && s[i] != '/'))
-        return -1;
-    *id = v;
-    *suffix = s + i;
+    size_t used = 0;
+    if (!req->route_param ||
+        kvidx_pft_parse_id(req->route_param, req->route_param_len, id, &used) != 0)
+        return KVIDX_EINVAL;
+    if (used < req->route_param_len && req->route_param[used] != '/')
+        return KVIDX_EINVAL;
+    *suffix = req->route_param + used;
     return 0;
 }
 
@@ -1581,13 +1579,11 @@ static struct load *task_item(struct task *t, const cJSON *x, kvidx_index_t *idx
 static int api_loads_post(const struct request *req, struct response *res)
 {
     struct prefetches *pf = req->app->prefetches;
-    const char *s = req->route_param;
     uint64_t id = 0;
-    size_t i = 0;
-    for (; s && i < req->route_param_len && i < 19 && s[i] >= '0' && s[i] <= '9'; i++)
-        id = id * 10 + (uint64_t)(s[i] - '0');
-    struct task *t =
-        (s && i && i == req->route_param_len) ? (struct task *)imap_first(&pf->tasks, id) : NULL;
+    const char *suffix = "";
+    struct task *t = parse_id(req, &id, &suffix) == 0 && !suffix[0]
+                         ? (struct task *)imap_first(&pf->tasks, id)
+                         : NULL;
     if (!t || t->closing)
         return res_problem(res, KVIDX_ENOTFOUND, "no such load task (finished or timed out?)", NULL,
                            0);

@@ -891,6 +891,42 @@ Test(prefetch, pinned_keys_survive_eviction_pressure)
     cJSON_Delete(j);
 }
 
+/* Handle and task ids are canonical decimal: any other spelling of an id
+ * (a leading zero, a sign, spaces, a value past 2^64) names nothing. */
+Test(prefetch_cfg, ids_are_canonical_decimal)
+{
+    setup_with(ext_loader);
+    example();
+    int id = prefetch("", NULL);
+    cr_assert_eq(id, 1);
+    static const char *bad[] = {"01",
+                                "001",
+                                "%2B1",
+                                "+1",
+                                "-1",
+                                "%201",
+                                "1%20",
+                                "18446744073709551617",
+                                "18446744073709551616"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char path[96];
+        snprintf(path, sizeof(path), "/v1/prefetches/%s", bad[i]);
+        cr_assert_eq(req("GET", path, NULL, NULL), 404, "GET %s", path);
+        cr_assert_eq(req("DELETE", path, NULL, NULL), 404, "DELETE %s", path);
+        snprintf(path, sizeof(path), "/v1/prefetches/%s/extend", bad[i]);
+        cr_assert_eq(req("POST", path, "{\"lease_ms\":100}", NULL), 404, "POST %s", path);
+        snprintf(path, sizeof(path), "/v1/loads/%s", bad[i]);
+        cr_assert_eq(req("POST", path, "{\"loaded\":[0],\"failed\":[]}", NULL), 404, "POST %s",
+                     path);
+    }
+    cJSON *j = get_handle(id, 200);
+    cr_assert_str_eq(str(j, "status"), "pending", "nothing above touched the handle");
+    cJSON_Delete(j);
+    finish_task("[0,1]", "[]");
+    cJSON_Delete(get_handle(id, 200));
+    cr_assert_eq(req("DELETE", "/v1/prefetches/1", NULL, NULL), 204);
+}
+
 /* ---- randomized: no pin outlives its handle ----
  * Interleaves LOOKUP and WARM prefetches, releases, DELETEs, lease
  * expiries, evicting stores and (forced) key deletes, and after every step
