@@ -46,7 +46,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define WAIT_MS_MAX     30000u
 #define EXTRA_COUNT_MAX 127u
 #define EXT_ID_MAX      256u
 
@@ -1117,23 +1116,17 @@ static int poll_start(struct prefetches *pf, struct handle *h, struct response *
     return HANDLER_ASYNC;
 }
 
-/* Reads ?wait_ms=n: 0 absent, 1 with *ms, or answers 400 and returns -1. */
-static int parse_wait(const struct request *req, struct response *res, uint64_t *ms)
+/* Reads the query of a long poll (only wait_ms, at most once): 0 with
+ * *given and *ms, or KVIDX_EINVAL after answering 400 naming the
+ * parameter. */
+static int parse_wait(const struct request *req, struct response *res, int *given, uint64_t *ms)
 {
-    char v[24];
-    size_t n = 0;
-    int rc = query_get(req->query, "wait_ms", v, sizeof(v), &n);
-    if (rc == 0)
+    kvidx_reason_t why;
+    if (kvidx_pft_parse_wait(req->query, req->query_len, given, ms, &why) == 0)
         return 0;
-    char *end = NULL;
-    unsigned long long x = (rc == 1 && n && v[0] >= '0' && v[0] <= '9') ? strtoull(v, &end, 10) : 0;
-    if (rc != 1 || !end || *end || x > WAIT_MS_MAX) {
-        struct invalid_param p = {"wait_ms", "must be an integer 0..30000"};
-        res_problem(res, KVIDX_EINVAL, "bad query parameter", &p, 1);
-        return -1;
-    }
-    *ms = x;
-    return 1;
+    struct invalid_param p = {why.field, why.rule};
+    res_problem(res, KVIDX_EINVAL, "bad query parameter", &p, 1);
+    return KVIDX_EINVAL;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1320,13 +1313,13 @@ static struct handle *lookup_handle(const struct request *req, struct response *
 static int api_prefetch_get(const struct request *req, struct response *res)
 {
     uint64_t wait = 0;
-    int w = parse_wait(req, res, &wait);
-    if (w < 0)
+    int w = 0;
+    if (parse_wait(req, res, &w, &wait) != 0)
         return 0;
     struct handle *h = lookup_handle(req, res, "", 0);
     if (!h)
         return 0;
-    if (h->pfh.status == KVIDX_PFH_PENDING && w == 1 && wait > 0 && !h->pf->stopped)
+    if (h->pfh.status == KVIDX_PFH_PENDING && w && wait > 0 && !h->pf->stopped)
         return poll_start(h->pf, h, res, wait);
     answer_handle(h, res, 200);
     return 0;
@@ -1545,10 +1538,10 @@ static int api_loads_get(const struct request *req, struct response *res)
 {
     struct prefetches *pf = req->app->prefetches;
     uint64_t wait = 0;
-    int w = parse_wait(req, res, &wait);
-    if (w < 0)
+    int w = 0;
+    if (parse_wait(req, res, &w, &wait) != 0)
         return 0;
-    if (!pf->task_head && w == 1 && wait > 0 && !pf->stopped)
+    if (!pf->task_head && w && wait > 0 && !pf->stopped)
         return poll_start(pf, NULL, res, wait);
     answer_loads(pf, res);
     return 0;

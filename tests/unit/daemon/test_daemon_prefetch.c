@@ -927,6 +927,44 @@ Test(prefetch_cfg, ids_are_canonical_decimal)
     cr_assert_eq(req("DELETE", "/v1/prefetches/1", NULL, NULL), 204);
 }
 
+/* The long polls' query strings: wait_ms at most once and nothing else,
+ * or 400 invalid_argument naming the parameter ("query" for an unknown
+ * one, like the listing). */
+static void assert_bad_query(const char *path, const char *name)
+{
+    cJSON *j = NULL;
+    cr_assert_eq(req("GET", path, NULL, &j), 400, "GET %s", path);
+    cr_assert_str_eq(str(j, "code"), "invalid_argument", "GET %s", path);
+    const cJSON *ip = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "invalid_params"), 0);
+    cr_assert_not_null(ip, "GET %s: no invalid_params", path);
+    cr_assert_str_eq(str(ip, "name"), name, "GET %s", path);
+    cJSON_Delete(j);
+}
+
+Test(prefetch_cfg, poll_queries_are_validated)
+{
+    setup_with(ext_loader);
+    example();
+    int id = prefetch("", NULL);
+    cr_assert_eq(id, 1);
+    static const char *const bases[] = {"/v1/prefetches/1", "/v1/loads"};
+    for (int b = 0; b < 2; b++) {
+        char path[128];
+        snprintf(path, sizeof(path), "%s?foo=1", bases[b]);
+        assert_bad_query(path, "query");
+        snprintf(path, sizeof(path), "%s?wait_ms=0&wait", bases[b]);
+        assert_bad_query(path, "query");
+        snprintf(path, sizeof(path), "%s?wait_ms=0&wait_ms=0", bases[b]);
+        assert_bad_query(path, "wait_ms");
+        snprintf(path, sizeof(path), "%s?wait_ms=30001", bases[b]);
+        assert_bad_query(path, "wait_ms");
+        snprintf(path, sizeof(path), "%s?wait_ms=0", bases[b]);
+        cr_assert_eq(req("GET", path, NULL, NULL), 200, "GET %s", path);
+        snprintf(path, sizeof(path), "%s?&wait%%5Fms=0&", bases[b]);
+        cr_assert_eq(req("GET", path, NULL, NULL), 200, "GET %s", path);
+    }
+}
+
 /* ---- randomized: no pin outlives its handle ----
  * Interleaves LOOKUP and WARM prefetches, releases, DELETEs, lease
  * expiries, evicting stores and (forced) key deletes, and after every step
