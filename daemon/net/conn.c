@@ -148,6 +148,10 @@ void conn_queue_error(struct conn *c, int err, const char *detail)
         return;
     }
     res_problem(&p->res, err, detail, NULL, 0);
+    /* A 405 names the methods the target allows; the only 405 decided
+     * here is for CONNECT, whose target is no resource: none. */
+    if (err == KVIDX_EMETHOD)
+        res_header(&p->res, "Allow", "");
     p->res.close = 1;
     p->res.done = 1;
     conn_enqueue(c, p);

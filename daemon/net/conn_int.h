@@ -66,7 +66,8 @@ struct conn {
     int lingering;
     int peer_eof;
     int draining;
-    int err; /* KVIDX_E* recorded by a callback that stopped the parser */
+    int err;                /* KVIDX_E* recorded by a callback that stopped the parser */
+    const char *err_detail; /* its static detail text, or NULL for the default */
 
     int in_message, headers_done;
     size_t header_bytes;

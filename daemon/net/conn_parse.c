@@ -37,11 +37,18 @@
 static llhttp_settings_t parser_settings;
 static int parser_settings_ready;
 
-/* Records err for conn_parse and tells llhttp to stop. */
-static int cb_fail(struct conn *c, int err)
+/* Records err (and a static detail text, or NULL for the default) for
+ * conn_parse and tells llhttp to stop. */
+static int cb_fail_detail(struct conn *c, int err, const char *detail)
 {
     c->err = err;
+    c->err_detail = detail;
     return -1;
+}
+
+static int cb_fail(struct conn *c, int err)
+{
+    return cb_fail_detail(c, err, NULL);
 }
 
 static int cb_message_begin(llhttp_t *h)
@@ -195,6 +202,11 @@ static int cb_headers_complete(llhttp_t *h)
     p->req.method = map_method(llhttp_get_method(h));
     p->req.method_name = llhttp_method_name((llhttp_method_t)llhttp_get_method(h));
     p->head_only = p->req.method == M_HEAD;
+    /* After a CONNECT the client sends tunnel bytes, not HTTP: answer it
+     * once and parse nothing more. The answer's Allow is empty: the target
+     * (an authority, not a path) is no resource of ours. */
+    if (llhttp_get_method(h) == HTTP_CONNECT)
+        return cb_fail_detail(c, KVIDX_EMETHOD, "CONNECT is not supported: this is not a proxy.");
     if ((h->flags & F_CONTENT_LENGTH) && h->content_length > c->app->cfg.max_body_bytes)
         return cb_fail(c, KVIDX_EBODYSIZE);
     /* A known body size gets its buffer at once, not by doublings that
@@ -326,49 +338,83 @@ void conn_parser_init(struct conn *c)
     c->parser.data = c;
 }
 
-void conn_parse(struct conn *c, const char *data, size_t n)
+/* Keeps input that arrives (or is left over) while parsing is paused. */
+static void keep_input(struct conn *c, const char *data, size_t n)
 {
-    if (c->stop_parsing || c->closing || n == 0)
-        return;
-    if (c->paused) {
-        buf_append(&c->in, data, n);
-        if (c->in.failed)
-            conn_queue_error(c, KVIDX_ENOMEM, "Out of memory.");
-        return;
+    buf_append(&c->in, data, n);
+    if (c->in.failed)
+        conn_queue_error(c, KVIDX_ENOMEM, "Out of memory.");
+}
+
+static const char *default_detail(int err)
+{
+    switch (err) {
+    case KVIDX_EURISIZE:
+        return "The request target is too long.";
+    case KVIDX_EHEADERSIZE:
+        return "The header block is too large.";
+    case KVIDX_EBODYSIZE:
+        return "The request body is too large.";
+    default:
+        return NULL;
     }
-    c->in_parse++;
-    llhttp_errno_t e = llhttp_execute(&c->parser, data, n);
-    c->in_parse--;
-    if (e == HPE_OK)
-        return;
-    if (e == HPE_PAUSED) {
-        const char *pos = llhttp_get_error_pos(&c->parser);
-        size_t used = pos ? (size_t)(pos - data) : n;
-        if (c->stop_parsing || used >= n) {
-            if (!c->stop_parsing)
-                c->paused = 1;
-            return;
-        }
-        c->paused = 1;
-        buf_append(&c->in, data + used, n - used);
-        if (c->in.failed)
-            conn_queue_error(c, KVIDX_ENOMEM, "Out of memory.");
-        return;
-    }
+}
+
+/* Turns a parse that stopped on an error into the connection's last answer. */
+static void parse_failed(struct conn *c, llhttp_errno_t e)
+{
     if (c->err) {
         int err = c->err;
+        const char *detail = c->err_detail ? c->err_detail : default_detail(err);
         c->err = 0;
-        conn_queue_error(c, err,
-                         err == KVIDX_EURISIZE      ? "The request target is too long."
-                         : err == KVIDX_EHEADERSIZE ? "The header block is too large."
-                         : err == KVIDX_EBODYSIZE   ? "The request body is too large."
-                                                    : NULL);
+        c->err_detail = NULL;
+        conn_queue_error(c, err, detail);
         return;
     }
     /* llhttp's error names are static text, never request bytes. */
     char detail[128];
     snprintf(detail, sizeof(detail), "Malformed HTTP request (%s).", llhttp_errno_name(e));
     conn_queue_error(c, KVIDX_EBADREQUEST, detail);
+}
+
+void conn_parse(struct conn *c, const char *data, size_t n)
+{
+    if (c->stop_parsing || c->closing || n == 0)
+        return;
+    if (c->paused) {
+        keep_input(c, data, n);
+        return;
+    }
+    for (;;) {
+        c->in_parse++;
+        llhttp_errno_t e = llhttp_execute(&c->parser, data, n);
+        c->in_parse--;
+        if (e == HPE_OK)
+            return;
+        if (e != HPE_PAUSED && e != HPE_PAUSED_UPGRADE) {
+            parse_failed(c, e);
+            return;
+        }
+        const char *pos = llhttp_get_error_pos(&c->parser);
+        size_t used = pos ? (size_t)(pos - data) : n;
+        if (c->stop_parsing)
+            return;
+        if (e == HPE_PAUSED_UPGRADE) {
+            /* The request offered to switch protocols (Upgrade: h2c,
+             * websocket). The offer is declined by answering in HTTP/1.1,
+             * so what follows it is the next request. */
+            llhttp_resume_after_upgrade(&c->parser);
+            data += used;
+            n -= used;
+            if (n == 0)
+                return;
+            continue;
+        }
+        c->paused = 1;
+        if (used < n)
+            keep_input(c, data + used, n - used);
+        return;
+    }
 }
 
 int conn_can_resume(const struct conn *c)

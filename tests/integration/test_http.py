@@ -40,6 +40,31 @@ def assert_problem(tc, r, status, code):
     return p
 
 
+def rest_until_close(c, timeout=3.0):
+    """Every byte the peer still sends until it closes (None when it does not
+    close within timeout): shows that no unasked-for answer follows."""
+    data = c.reader.buf
+    c.reader.buf = b""
+    c.sock.settimeout(timeout)
+    end = time.monotonic() + timeout
+    try:
+        while time.monotonic() < end:
+            chunk = c.sock.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        return data
+    except socket.timeout:
+        pass
+    return None
+
+
+# What `curl --http2 http://...` sends along with its first request.
+H2C_OFFER = {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c",
+             "HTTP2-Settings": "AAMAAABkAAQCAAAAAAIAAAAA"}
+
+
 class Transport(unittest.TestCase):
     def setUp(self):
         self.d = Daemon(settings=LIMITS)
@@ -114,6 +139,35 @@ class Transport(unittest.TestCase):
             r = c.request("GET", "/livez", version="1.0", headers={"Connection": "keep-alive"})
             self.assertEqual(r.headers.get("connection"), "keep-alive")
             self.assertEqual(c.request("GET", "/livez").status, 200)
+
+    def test_upgrade_offer_ignored(self):
+        """An h2c upgrade offer is declined by answering in HTTP/1.1; the
+        connection stays usable and the request pipelined behind it is
+        answered."""
+        with Conn(self.d) as c:
+            c.send(build_request("GET", "/livez", headers=H2C_OFFER)
+                   + build_request("GET", "/readyz"))
+            r = c.read_response()
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(r.json(), {"status": "ok"})
+            self.assertNotIn("connection", r.headers)
+            r = c.read_response()
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(r.json().get("status"), "ready")
+            self.assertEqual(c.request("GET", "/livez", headers=H2C_OFFER).status, 200)
+            self.assertEqual(c.request("GET", "/livez").status, 200)
+
+    def test_connect_answered_once(self):
+        """CONNECT: one 405 answer, then the connection ends (what follows
+        is tunnel data, not HTTP)."""
+        with Conn(self.d) as c:
+            c.send(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"
+                   + build_request("GET", "/livez"))
+            r = c.read_response()
+            assert_problem(self, r, 405, "method_not_allowed")
+            self.assertEqual(r.headers.get("allow"), "")
+            self.assertEqual(r.headers.get("connection"), "close")
+            self.assertEqual(rest_until_close(c), b"")
 
     def test_head(self):
         with Conn(self.d) as c:

@@ -441,6 +441,79 @@ Test(http, expect_continue)
     free(r.out);
 }
 
+/* What `curl --http2 http://...` sends: an offer to switch to h2c. The
+ * offer is declined by answering in HTTP/1.1, and the connection goes on. */
+#define H2C_OFFER                                                                                  \
+    "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"                                      \
+    "HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+
+Test(http, upgrade_offer_ignored)
+{
+    struct result r = run("GET /hello HTTP/1.1\r\nHost: x\r\n" H2C_OFFER "\r\n"
+                          "GET /item/a HTTP/1.1\r\nHost: x\r\n\r\n");
+    cr_assert_eq(count(r.out, "HTTP/1.1 "), 2, "%s", r.out);
+    cr_assert_eq(count(r.out, "HTTP/1.1 200 "), 2, "%s", r.out);
+    cr_assert(strstr(r.out, "{\"hello\":1}") < strstr(r.out, "{\"p\":\"a\"}"), "%s", r.out);
+    cr_assert(!strstr(r.out, "Connection: close"), "%s", r.out);
+    cr_assert(!strstr(r.out, "101 "), "%s", r.out);
+    cr_assert_eq(r.closed, 0);
+    free(r.out);
+    /* With a body, and with a WebSocket offer. */
+    r = run("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" H2C_OFFER
+            "Content-Length: 2\r\n\r\n{}"
+            "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+            "GET /item/b HTTP/1.1\r\nHost: x\r\n\r\n");
+    cr_assert_eq(count(r.out, "HTTP/1.1 200 "), 3, "%s", r.out);
+    cr_assert_eq(count(r.out, "HTTP/1.1 "), 3, "%s", r.out);
+    cr_assert(strstr(r.out, "{\"len\":2,") && strstr(r.out, "{\"p\":\"b\"}"), "%s", r.out);
+    cr_assert_eq(r.closed, 0);
+    free(r.out);
+}
+
+Test(http, upgrade_offers_past_the_pipeline_depth)
+{
+    /* The parser pauses after a full pipeline with an upgrade offer
+     * pending; resuming must go on with the next request. */
+    struct buf in;
+    buf_init(&in);
+    for (int i = 0; i < 150; i++)
+        buf_printf(&in, "GET /item/%d HTTP/1.1\r\nHost: x\r\n" H2C_OFFER "\r\n", i);
+    struct result r = feed(in.data, in.len, 0, 0);
+    cr_assert_eq(count(r.out, "HTTP/1.1 200"), 150);
+    cr_assert_eq(count(r.out, "HTTP/1.1 "), 150);
+    cr_assert_eq(r.closed, 0);
+    free(r.out);
+    r = feed(in.data, in.len, 1, 0);
+    cr_assert_eq(count(r.out, "HTTP/1.1 200"), 150);
+    cr_assert_eq(r.closed, 0);
+    free(r.out);
+    buf_free(&in);
+}
+
+Test(http, connect_answered_once)
+{
+    /* What follows a CONNECT is tunnel data, not HTTP: one 405 answer,
+     * then the connection ends. */
+    struct result r = run("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"
+                          "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
+    cr_assert_eq(count(r.out, "HTTP/1.1 "), 1, "%s", r.out);
+    cr_assert(strstr(r.out, "HTTP/1.1 405 Method Not Allowed\r\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "\"code\":\"method_not_allowed\""), "%s", r.out);
+    cr_assert(strstr(r.out, "\r\nAllow: \r\n"), "%s", r.out);
+    cr_assert(strstr(r.out, "Connection: close\r\n"), "%s", r.out);
+    cr_assert(!strstr(r.out, "example.com"), "echoes request bytes");
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+    /* After an earlier request, and with tunnel bytes behind it. */
+    r = run("GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+            "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"
+            "\x16\x03\x01\x02\x00GET /hello HTTP/1.1\r\n\r\n");
+    cr_assert_eq(count(r.out, "HTTP/1.1 "), 2, "%s", r.out);
+    cr_assert(strstr(r.out, "HTTP/1.1 200 ") < strstr(r.out, "HTTP/1.1 405 "), "%s", r.out);
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+}
+
 Test(query, get_and_decode)
 {
     char out[16];
