@@ -118,7 +118,10 @@ static int cb_header_field_complete(llhttp_t *h)
     struct conn *c = h->data;
     c->hname[c->hname_len] = '\0';
     c->hwhich = 0;
-    if (!c->hname_over) {
+    /* Fields after a chunked body are trailers, not headers: they are
+     * counted towards the header block but never kept, so no trailer can
+     * supply or change a Content-Type or an Authorization. */
+    if (!c->hname_over && !c->headers_done) {
         if (strcasecmp(c->hname, "content-type") == 0)
             c->hwhich = 1;
         else if (strcasecmp(c->hname, "authorization") == 0)
@@ -132,8 +135,13 @@ static int cb_header_field_complete(llhttp_t *h)
             buf_putc(&c->cur->ct, ',');
         c->cur->has_ct = 1;
     }
-    if (c->hwhich == 2)
+    if (c->hwhich == 2) {
+        /* Repeated lines are kept apart so that they cannot join into one
+         * credential; the result is never a valid one. */
+        if (c->cur->has_auth)
+            buf_putc(&c->cur->auth, ',');
         c->cur->has_auth = 1;
+    }
     c->hname_len = 0;
     c->hname_over = 0;
     /* ": " and CRLF of the line count towards the header block. */

@@ -196,6 +196,16 @@ class Transport(unittest.TestCase):
             return
         self.skipTest("no PUT/POST route registered yet")
 
+    def test_trailer_is_not_a_header(self):
+        """A Content-Type sent only in a chunked body's trailer does not
+        count: 415, and the connection goes on."""
+        with Conn(self.d) as c:
+            c.send(b"PUT /v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   b"Transfer-Encoding: chunked\r\n\r\n"
+                   b"2\r\n{}\r\n0\r\nContent-Type: application/json\r\n\r\n")
+            assert_problem(self, c.read_response(), 415, "unsupported_media_type")
+            self.assertEqual(c.request("GET", "/livez").status, 200)
+
     def test_body_too_large(self):
         with Conn(self.d) as c:
             c.send(b"PUT /v1/keys HTTP/1.1\r\nContent-Type: application/json\r\n"

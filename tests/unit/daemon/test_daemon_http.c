@@ -52,6 +52,22 @@ static int h_nocontent(const struct request *req, struct response *res)
     return 0;
 }
 
+/* What the request's Authorization was: the code that will check it. */
+static int h_auth(const struct request *req, struct response *res)
+{
+    struct jw w;
+    jw_init(&w, &res->body);
+    jw_obj_begin(&w);
+    jw_key(&w, "auth");
+    if (req->authorization)
+        jw_str(&w, req->authorization);
+    else
+        jw_null(&w);
+    jw_obj_end(&w);
+    res_json(res, 200);
+    return 0;
+}
+
 /* A deferred answer completed later by the test. */
 static struct response *deferred;
 static int cancelled;
@@ -78,6 +94,8 @@ static const struct route test_routes[] = {
     {M_GET, "/item/*", h_param, "item"},
     {M_DELETE, "/item/*", h_nocontent, "item_delete"},
     {M_GET, "/async", h_async, "async"},
+    {M_GET, "/auth", h_auth, "auth"},
+    {M_POST, "/auth", h_auth, "auth"},
     {0, NULL, NULL, NULL},
 };
 static const struct route *const test_tables[] = {test_routes, NULL};
@@ -511,6 +529,53 @@ Test(http, connect_answered_once)
     cr_assert_eq(count(r.out, "HTTP/1.1 "), 2, "%s", r.out);
     cr_assert(strstr(r.out, "HTTP/1.1 200 ") < strstr(r.out, "HTTP/1.1 405 "), "%s", r.out);
     cr_assert_eq(r.closed, 1);
+    free(r.out);
+}
+
+Test(http, trailer_fields_are_not_headers)
+{
+    /* A Content-Type sent only in the trailer does not make the body JSON. */
+    struct result r = run("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                          "2\r\n{}\r\n0\r\nContent-Type: application/json\r\n\r\n"
+                          "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 415 "), "%s", r.out);
+    cr_assert(!strstr(r.out, "{\"len\":"), "%s", r.out);
+    cr_assert(strstr(r.out, "{\"hello\":1}"), "%s", r.out);
+    cr_assert_eq(r.closed, 0);
+    free(r.out);
+    /* Nor does it replace or extend the one in the header. */
+    r = run("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"
+            "Content-Type: text/plain\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 200 "), "%s", r.out);
+    cr_assert(strstr(r.out, "{\"len\":2,"), "%s", r.out);
+    free(r.out);
+}
+
+Test(http, trailer_authorization_never_counts)
+{
+    struct result r = run("POST /auth HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"
+                          "Authorization: Bearer trailer\r\n\r\n");
+    cr_assert(strstr(r.out, "{\"auth\":null}"), "%s", r.out);
+    free(r.out);
+    r = run("POST /auth HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Authorization: Bearer header\r\nTransfer-Encoding: chunked\r\n\r\n"
+            "2\r\n{}\r\n0\r\nAuthorization: Bearer trailer\r\n\r\n");
+    cr_assert(strstr(r.out, "{\"auth\":\"Bearer header\"}"), "%s", r.out);
+    free(r.out);
+}
+
+Test(http, repeated_authorization_is_not_glued)
+{
+    /* Two header lines must not join into one credential. */
+    struct result r = run("GET /auth HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ab\r\n"
+                          "Authorization: cd\r\n\r\n");
+    cr_assert(!strstr(r.out, "Bearer abcd"), "%s", r.out);
+    cr_assert(strstr(r.out, "{\"auth\":\"Bearer ab,cd\"}"), "%s", r.out);
+    free(r.out);
+    r = run("GET /auth HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ab\r\n\r\n");
+    cr_assert(strstr(r.out, "{\"auth\":\"Bearer ab\"}"), "%s", r.out);
     free(r.out);
 }
 
