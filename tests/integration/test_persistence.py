@@ -31,7 +31,10 @@ What is checked:
 * a client that pipelines writes and resets the connection while their
   fsync runs does not crash the daemon (fsync=always);
 * a second kvidxd on the same data_dir refuses to start and touches
-  nothing; stale *.tmp files are removed at start.
+  nothing; stale *.tmp files are removed at start;
+* a journal generation at the end of its range, or a snapshot claiming to
+  cover journals it cannot have been written with, refuses to start and
+  deletes nothing; a snapshot alone in an empty data_dir is used.
 
 Each test uses its own temporary data_dir; every daemon started is killed in
 cleanup. Random choices print their seed (KVIDX_TEST_SEED reproduces).
@@ -113,6 +116,80 @@ def listing_of(data_dir):
         return repr(e)
 
 
+# -- crafted files (the formats of lib/include/kvidx/journal.h) -------------
+def _crc32c_table():
+    t = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        t.append(c)
+    return t
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data, crc=0):
+    c = crc ^ 0xFFFFFFFF
+    for b in data:
+        c = _CRC32C[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+assert crc32c(b"123456789") == 0xE3069283
+
+
+def file_header(magic, gen):
+    h = magic + struct.pack("<IIQ", 1, 0, gen)
+    return h + struct.pack("<II", crc32c(h), 0)
+
+
+def frame(payload):
+    n = struct.pack("<I", len(payload))
+    return n + struct.pack("<I", crc32c(payload, crc32c(n))) + payload
+
+
+def as_bytes(s):
+    return s if isinstance(s, bytes) else s.encode()
+
+
+def key_record(model, hash_bytes, salt=b"", rank=0, group=0, tiers=2, size=100):
+    """A journal KEY record (tiers: 1 L1, 2 L2, 0 gone with size 0)."""
+    model, salt = as_bytes(model), as_bytes(salt)
+    payload = struct.pack("<BBBBBHIQ", 1, tiers, len(model), len(salt), len(hash_bytes),
+                          group, rank, size) + model + salt + hash_bytes
+    return frame(payload)
+
+
+def journal_file(gen, records=()):
+    return file_header(b"KVIDXJNL", gen) + b"".join(records)
+
+
+def snapshot_file(next_gen, keys=()):
+    """A snapshot of keys given as (model, salt, hash, rank, group, tiers,
+    size), written in the daemon's order: per namespace one record, then
+    its keys."""
+    body = bytearray(file_header(b"KVIDXSNP", next_gen))
+    ns = None
+    order = sorted(keys, key=lambda k: (as_bytes(k[1]), as_bytes(k[0]), k[3], k[4], k[2]))
+    for model, salt, h, rank, group, tiers, size in order:
+        model, salt = as_bytes(model), as_bytes(salt)
+        if ns != (model, salt):
+            body += frame(struct.pack("<BBB", 4, len(model), len(salt)) + model + salt)
+            ns = (model, salt)
+        body += frame(struct.pack("<BBBHIQ", 5, tiers, len(h), group, rank, size) + h)
+    body += b"KVIDXEND" + struct.pack("<QQ", len(keys), 0)
+    return bytes(body) + struct.pack("<II", crc32c(body), 0)
+
+
+def hash_of(i):
+    return struct.pack(">Q", i)
+
+
+KVIDX_JOURNAL_HEADER = 32
+
+
 class PersistenceBase(unittest.TestCase):
     """Helpers: start/stop daemons on a data_dir and read back the catalogue."""
 
@@ -161,6 +238,34 @@ class PersistenceBase(unittest.TestCase):
             self.assertTrue(d.running(), "kvidxd exited; log:\n" + d.log())
             time.sleep(0.02)
         self.fail("/readyz not 200 within %.0fs; log:\n%s" % (timeout, d.log()))
+
+    def run_refusing(self, dd, timeout=20.0):
+        """Starts kvidxd on a damaged data_dir; returns (exit code, log). Fails
+        if it ever answers /readyz 200 or keeps running."""
+        s = {"data_dir": dd}
+        s.update(self.base_settings)
+        d = Daemon(settings=s, start=False)
+        self.daemons.append(d)
+        logf = open(d.log_path, "wb")
+        self.addCleanup(logf.close)
+        d.proc = subprocess.Popen(d.command(), stdin=subprocess.DEVNULL, stdout=logf,
+                                  stderr=logf, env=d.env)
+        end = time.monotonic() + timeout
+        while d.proc.poll() is None and time.monotonic() < end:
+            m = LISTEN_RE.search(d.log())
+            if m:
+                d.addr = (m.group(1).strip("[]"), int(m.group(2)))
+                try:
+                    r = d.request("GET", "/readyz", timeout=1)
+                    self.assertNotEqual(r.status, 200, "a daemon on a damaged data_dir is "
+                                        "ready; log:\n" + d.log())
+                except OSError:
+                    pass
+            time.sleep(0.02)
+        rc = d.proc.poll()
+        self.assertIsNotNone(rc, "kvidxd still running %.0fs after start on a damaged "
+                             "data_dir; log:\n%s" % (timeout, d.log()))
+        return rc, d.log()
 
     # -- writes ----------------------------------------------------------
     def put(self, d, keys, tier="l2", size=100, sizes=None):
@@ -634,34 +739,6 @@ class Snapshots(PersistenceBase):
                         "no %s after %d batches with snapshot_journal_bytes=4KiB: %s; log:\n%s"
                         % (SNAPSHOT, n - first, listing_of(dd), d.log()))
         return written, n, max_journals
-
-    def run_refusing(self, dd, timeout=20.0):
-        """Starts kvidxd on a damaged data_dir; returns (exit code, log). Fails
-        if it ever answers /readyz 200 or keeps running."""
-        s = {"data_dir": dd}
-        s.update(self.base_settings)
-        d = Daemon(settings=s, start=False)
-        self.daemons.append(d)
-        logf = open(d.log_path, "wb")
-        self.addCleanup(logf.close)
-        d.proc = subprocess.Popen(d.command(), stdin=subprocess.DEVNULL, stdout=logf,
-                                  stderr=logf, env=d.env)
-        end = time.monotonic() + timeout
-        while d.proc.poll() is None and time.monotonic() < end:
-            m = LISTEN_RE.search(d.log())
-            if m:
-                d.addr = (m.group(1).strip("[]"), int(m.group(2)))
-                try:
-                    r = d.request("GET", "/readyz", timeout=1)
-                    self.assertNotEqual(r.status, 200, "a daemon with a corrupt snapshot is "
-                                        "ready; log:\n" + d.log())
-                except OSError:
-                    pass
-            time.sleep(0.02)
-        rc = d.proc.poll()
-        self.assertIsNotNone(rc, "kvidxd still running %.0fs after start on a corrupt "
-                             "snapshot; log:\n%s" % (timeout, d.log()))
-        return rc, d.log()
 
     def corrupt_and_refuse(self, damage):
         dd = self.new_dir()
@@ -1406,6 +1483,113 @@ class SingleInstance(PersistenceBase):
         left = [n for n in os.listdir(dd) if n.endswith(".tmp")]
         self.assertEqual(left, [], listing_of(dd))
         self.assert_present(d, [key(1, "tmp")])
+        self.stop(d)
+
+
+# ---------------------------------------------------------------------------
+# 12. data_dir files the daemon did not write as they are
+# ---------------------------------------------------------------------------
+class Untrusted(PersistenceBase):
+    """Files named like the daemon's but holding what it never writes: a
+    generation at the end of its range, a snapshot that claims to cover
+    journals it cannot have seen."""
+
+    base_settings = {"fsync": "always", "snapshot_journal_bytes": "1GiB"}
+
+    def populated(self, n=10, model="gen"):
+        """A data_dir whose journals hold n keys, of which key 0 is deleted
+        again (acknowledged). Returns (dir, live keys, deleted key)."""
+        dd = self.new_dir()
+        d = self.start(dd)
+        self.wait_ready(d)
+        ks = [key(i, model) for i in range(n)]
+        self.put(d, ks)
+        self.delete(d, [ks[0]])
+        self.stop(d)
+        return dd, ks[1:], ks[0]
+
+    def assert_refuses(self, dd, name, pattern, timeout=20.0):
+        """kvidxd must exit non-zero on dd, naming `name` and matching
+        pattern, and leave every file of dd as it was."""
+        before = {n: os.path.getsize(os.path.join(dd, n)) for n in os.listdir(dd)
+                  if n != "lock" and os.path.isfile(os.path.join(dd, n))}
+        rc, log = self.run_refusing(dd, timeout)
+        self.assertGreater(rc, 0, "did not refuse to start (exit %d); log:\n%s" % (rc, log))
+        self.assertIn(name, log, "the message does not name %s:\n%s" % (name, log))
+        self.assertRegex(log, pattern)
+        after = {n: os.path.getsize(os.path.join(dd, n)) for n in os.listdir(dd)
+                 if n != "lock" and os.path.isfile(os.path.join(dd, n))}
+        self.assertEqual(after, before, "the refused start changed data_dir")
+        return log
+
+    # -- generations -------------------------------------------------------
+    def test_journal_at_the_end_of_the_generation_range_refuses(self):
+        # Generation ffff... would make the next one 0: replay would order
+        # the new journal first and an acknowledged delete would come back.
+        dd, live, gone = self.populated()
+        name = "journal-ffffffffffffffff.kvj"
+        with open(os.path.join(dd, name), "wb") as f:
+            f.write(journal_file(0xFFFFFFFFFFFFFFFF, [key_record("gen", hash_of(0))]))
+        self.assert_refuses(dd, name, r"(?i)generation")
+        # moved away, the data_dir is as it was
+        os.unlink(os.path.join(dd, name))
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, live)
+        self.assert_absent(d, [gone])
+        self.stop(d)
+
+    def test_journal_near_the_end_of_the_generation_range_refuses(self):
+        # One below the end: the start itself would create ffff..., the
+        # first rotation would wrap.
+        dd, live, gone = self.populated()
+        name = "journal-fffffffffffffffe.kvj"
+        with open(os.path.join(dd, name), "wb") as f:
+            f.write(journal_file(0xFFFFFFFFFFFFFFFE))
+        self.assert_refuses(dd, name, r"(?i)generation")
+
+    def test_snapshot_at_the_end_of_the_generation_range_refuses(self):
+        # A snapshot saying it covers every generation below 2^64-1 must not
+        # delete the journals: they hold every key.
+        dd, live, gone = self.populated()
+        with open(os.path.join(dd, SNAPSHOT), "wb") as f:
+            f.write(snapshot_file(0xFFFFFFFFFFFFFFFF))
+        self.assert_refuses(dd, SNAPSHOT, r"(?i)generation")
+        self.assertGreater(len(journals(dd)), 0, listing_of(dd))
+
+    def test_snapshot_beyond_every_journal_refuses(self):
+        # Journals 1..n exist; a snapshot claiming to cover everything below
+        # generation n + 50 cannot have been written with them.
+        dd, live, gone = self.populated()
+        newest = int(JOURNAL_RE.match(os.path.basename(newest_journal(dd))).group(1), 16)
+        with open(os.path.join(dd, SNAPSHOT), "wb") as f:
+            f.write(snapshot_file(newest + 50, [("gen", "", hash_of(77), 0, 0, 2, 5)]))
+        self.assert_refuses(dd, SNAPSHOT, r"(?i)journal")
+        os.unlink(os.path.join(dd, SNAPSHOT))
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, live)
+        self.assert_absent(d, [gone])
+        self.stop(d)
+
+    def test_snapshot_alone_restores_and_continues_its_generations(self):
+        # A snapshot copied into an empty data_dir (no journal at all) is
+        # used, and the journals written next are not below it.
+        dd = self.new_dir()
+        ks = [("alone", "", hash_of(i), 0, 0, 2, 10 + i) for i in range(5)]
+        with open(os.path.join(dd, SNAPSHOT), "wb") as f:
+            f.write(snapshot_file(40, ks))
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, [key(i, "alone") for i in range(5)])
+        self.delete(d, [key(0, "alone")])
+        self.kill9(d)
+        gens = [int(JOURNAL_RE.match(os.path.basename(j)).group(1), 16) for j in journals(dd)]
+        self.assertTrue(gens and min(gens) >= 40, listing_of(dd))
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, [key(i, "alone") for i in range(1, 5)])
+        self.assert_absent(d, [key(0, "alone")])
         self.stop(d)
 
 

@@ -45,6 +45,13 @@
 #define SNAPSHOT_TMP  "snapshot.tmp"
 #define LOCK_FILE     "lock"
 
+/* Journal generations, and a snapshot's next generation, stay below
+ * GEN_LIMIT: a start refuses a data_dir holding one at or above it. From
+ * below it, one new generation per start and per snapshot can never reach
+ * the end of the 64-bit range, so generations never wrap and their order
+ * is the order of the changes. */
+#define GEN_LIMIT (UINT64_C(1) << 62)
+
 #define PATHN   1400 /* data_dir (< 1024) + "/" + a file name */
 #define WHY_LEN (PATHN + 200)
 

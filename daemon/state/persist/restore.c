@@ -429,6 +429,45 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* Refuses a data_dir whose generations could wrap, or whose snapshot
+ * claims to cover journals it cannot have been written with: the journals
+ * below its next generation would be deleted on its word. A snapshot with
+ * next generation n is written after journal n was created (by the
+ * rotation) and that journal is only deleted under a later snapshot, so n
+ * is at most one past the newest journal; more is refused. With no journal
+ * at all (a snapshot copied alone) there is nothing to delete. */
+static int check_generations(const struct persist *p, uint64_t next_gen, const uint64_t *gens,
+                             size_t n)
+{
+    char name[64];
+    if (n && gens[n - 1] >= GEN_LIMIT) {
+        journal_name(gens[n - 1], name, sizeof(name));
+        log_error("refusing to start: journal %s/%s has generation %016llx, at the end of the "
+                  "generation range (generations must stay below %016llx, so that they never "
+                  "wrap). Move the file away if it does not belong in data_dir.",
+                  p->dir, name, (unsigned long long)gens[n - 1], (unsigned long long)GEN_LIMIT);
+        return KVIDX_EINTERNAL;
+    }
+    if (next_gen >= GEN_LIMIT) {
+        log_error("refusing to start: the snapshot %s/%s names next generation %016llx, at the "
+                  "end of the generation range (generations must stay below %016llx). Nothing "
+                  "was deleted; move the snapshot away to start from the journals alone.",
+                  p->dir, SNAPSHOT_FILE, (unsigned long long)next_gen,
+                  (unsigned long long)GEN_LIMIT);
+        return KVIDX_EINTERNAL;
+    }
+    if (next_gen && n && next_gen > gens[n - 1] + 1) {
+        journal_name(gens[n - 1], name, sizeof(name));
+        log_error("refusing to start: the snapshot %s/%s says it covers every journal below "
+                  "generation %016llx, but the newest journal is %s: the snapshot was not "
+                  "written with these journals. Nothing was deleted; move the snapshot or the "
+                  "journals away.",
+                  p->dir, SNAPSHOT_FILE, (unsigned long long)next_gen, name);
+        return KVIDX_EINTERNAL;
+    }
+    return 0;
+}
+
 /* Replays the journals the snapshot does not cover, in order; *max_gen
  * gets the newest generation seen (or the snapshot's last). */
 static int replay_all(struct persist *p, struct restore_counts *c, uint64_t *max_gen)
@@ -440,9 +479,9 @@ static int replay_all(struct persist *p, struct restore_counts *c, uint64_t *max
         log_error("refusing to start: %s", w.msg);
         return KVIDX_EINTERNAL;
     }
-    int rc = 0;
+    int rc = check_generations(p, c->next_gen, gens, ngens);
     *max_gen = c->next_gen ? c->next_gen - 1 : 0;
-    for (size_t i = 0; i < ngens; i++) {
+    for (size_t i = 0; rc == 0 && i < ngens; i++) {
         if (gens[i] > *max_gen)
             *max_gen = gens[i];
         if (gens[i] < c->next_gen)
