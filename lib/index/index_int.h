@@ -1,0 +1,689 @@
+/*
+ * Private header of the key index (lib/index/): the structures every file
+ * of the folder shares, the record accessors, and the helpers that the
+ * lookup and store paths of several files must have inlined (the keyed
+ * hash, the table probe, the namespace search, the L1 copy bookkeeping).
+ * index.c states the invariants these structures keep.
+ *
+ * Every key is one fixed-size record in a slab of its hash-length class
+ * (hash lengths rounded up to a multiple of 8 bytes: 8 classes). A record is
+ * named by a 32-bit ref = class << 29 | slot; slabs grow by chunks of 4096
+ * records, so a ref never moves. A record holds, packed and unaligned:
+ *
+ *   off  0  u32  namespace id (NS_FREE on a free record)
+ *   off  4  u32  kv_rank (next free slot on a free record)
+ *   off  8  u32  L1 metadata index (0 = no L1 copy)
+ *   off 12  u16  object_group_id
+ *   off 14  u8   hash_len (bits 0..6) | L2 present (bit 7)
+ *   off 15  u40  size_bytes - 1, little endian
+ *   off 20  u8[8 * (class + 1)] hash bytes
+ *
+ * so a key with a 32-byte hash costs 52 bytes of record.
+ *
+ * Functions shared between the files of the folder and not inlined carry
+ * the prefix ix_; none of them is part of the public API.
+ */
+#ifndef KVIDX_INDEX_INT_H
+#define KVIDX_INDEX_INT_H
+
+#include "kvidx/index.h"
+#include "kvidx/alloc.h"
+#include "kvidx/bytes.h"
+#include "kvidx/err.h"
+#include "kvidx/siphash.h"
+
+#include <sodium.h>
+#include <string.h>
+
+/* ---- small helpers ---- */
+
+#if defined(__GNUC__)
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
+
+static inline uint32_t ld32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline void st32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+
+static inline uint16_t ld16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static inline void st16(uint8_t *p, uint16_t v)
+{
+    memcpy(p, &v, 2);
+}
+
+/* Equality of two hashes of n bytes: word compares, inlined (a memcmp call
+ * cost a lookup more than the compare itself). */
+static inline int hash_eq(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    uint64_t diff = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x, y;
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        diff |= x ^ y;
+    }
+    for (; i < n; i++)
+        diff |= (uint64_t)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+static inline int bytes_cmp(const void *a, size_t an, const void *b, size_t bn)
+{
+    size_t n = an < bn ? an : bn;
+    int c = n ? memcmp(a, b, n) : 0;
+    if (c != 0)
+        return c;
+    return an < bn ? -1 : an > bn ? 1 : 0;
+}
+
+/* ---- records ---- */
+
+#define NCLASS      8
+#define CLASS_SHIFT 29
+#define SLOT_MASK   ((UINT32_C(1) << CLASS_SHIFT) - 1)
+#define SLOT_NONE   SLOT_MASK /* never handed out: keeps KVIDX_REF_NONE unused */
+#define CHUNK_SHIFT 12
+#define CHUNK_RECS  (UINT32_C(1) << CHUNK_SHIFT)
+#define REC_HDR     20
+#define NS_FREE     UINT32_MAX
+#define L2_BIT      0x80
+
+typedef struct slab {
+    uint8_t **chunks;
+    uint32_t nchunks, chunks_cap;
+    uint8_t **blocks; /* chunks are carved from a few large blocks */
+    uint32_t nblocks, blocks_cap;
+    uint32_t used;      /* slots handed out by bumping */
+    uint32_t free_head; /* SLOT_NONE when empty */
+    uint32_t nfree;
+    uint32_t rec_size;
+} slab_t;
+
+/* ---- interned names and namespaces ---- */
+
+typedef struct istr {
+    uint32_t refs;
+    uint16_t len;
+    char s[];
+} istr_t;
+
+typedef struct ns {
+    istr_t *salt, *model;
+    uint64_t nkeys;
+    void *root;      /* leaf_t when height == 0, inner_t otherwise; NULL if empty */
+    uint32_t height; /* number of inner levels */
+    uint32_t id;
+    struct leaf *first;
+} ns_t;
+
+typedef struct ns_slot {
+    ns_t *ns;
+    uint32_t next_free;
+} ns_slot_t;
+
+/* ---- B+tree ---- */
+
+#define LEAF_CAP  126
+#define INNER_CAP 64
+#define MAXH      48 /* no rebalancing on delete: allow generous heights */
+
+typedef struct leaf {
+    struct leaf *prev, *next;
+    uint32_t n;
+    uint32_t refs[LEAF_CAP];
+} leaf_t;
+
+/* A separator: a copy of a key's in-namespace part. */
+typedef struct skey {
+    uint32_t rank;
+    uint16_t group;
+    uint8_t hash_len;
+    uint8_t hash[KVIDX_HASH_MAX];
+} skey_t;
+
+typedef struct inner {
+    uint32_t n; /* children */
+    skey_t sep[INNER_CAP - 1];
+    void *child[INNER_CAP];
+} inner_t;
+
+/* A search key: the in-namespace part of a key, viewing caller memory. */
+typedef struct tkey {
+    uint32_t rank;
+    uint16_t group;
+    uint8_t hash_len;
+    const uint8_t *hash;
+} tkey_t;
+
+typedef struct cursor {
+    const leaf_t *leaf;
+    uint32_t pos;
+} cursor_t;
+
+/* ---- L1 metadata ---- */
+
+typedef struct l1m {
+    uint32_t ref;
+    uint32_t prev, next; /* LRU links (slot 0 is the list head), or free list */
+    uint32_t pins;
+    uint64_t gen;
+    uint8_t state; /* KVIDX_L1_*; KVIDX_L1_NONE on a free slot */
+    uint8_t temporary;
+    uint8_t in_lru;
+} l1m_t;
+
+typedef struct counters {
+    uint64_t keys, l1_keys, l1_bytes, l1_loading, l1_pinned, l1_pins, lru_bytes;
+    uint64_t l2_keys, l2_bytes, evictions;
+} counters_t;
+
+struct kvidx_index {
+    uint8_t hkey[crypto_shorthash_KEYBYTES];
+    slab_t slabs[NCLASS];
+
+    uint32_t *ht;
+    uint8_t *ht_tag; /* per slot: the top byte of its key's hash */
+    size_t ht_cap;   /* power of two, or 0 */
+    size_t ht_count;
+
+    istr_t **strs; /* sorted by bytes */
+    size_t nstrs, strs_cap;
+
+    ns_t **ns_sorted; /* sorted by (salt, model) */
+    size_t n_ns, ns_sorted_cap;
+    ns_slot_t *ns_ids;
+    uint32_t ns_ids_n, ns_ids_cap, ns_free;
+
+    l1m_t *l1;
+    uint32_t l1_used, l1_cap, l1_free, l1_nfree;
+    uint64_t gen_next;
+
+    leaf_t *spare_leaf;
+    inner_t *spare_inner[MAXH + 1];
+    uint32_t nspare_inner;
+
+    counters_t c;
+    uint64_t l1_capacity, l2_capacity;
+    kvidx_evict_cb on_evict;
+    void *on_evict_ctx;
+    kvidx_change_cb on_change;
+    void *on_change_ctx;
+
+    void *scratch;
+    size_t scratch_cap;
+};
+
+/* ---- record accessors ---- */
+
+static inline uint8_t *rec_at(const kvidx_index_t *idx, kvidx_ref_t ref)
+{
+    const slab_t *s = &idx->slabs[ref >> CLASS_SHIFT];
+    uint32_t slot = ref & SLOT_MASK;
+    return s->chunks[slot >> CHUNK_SHIFT] + (size_t)(slot & (CHUNK_RECS - 1)) * s->rec_size;
+}
+
+static inline uint32_t rec_ns(const uint8_t *r)
+{
+    return ld32(r);
+}
+static inline uint32_t rec_rank(const uint8_t *r)
+{
+    return ld32(r + 4);
+}
+static inline uint32_t rec_l1(const uint8_t *r)
+{
+    return ld32(r + 8);
+}
+static inline uint16_t rec_group(const uint8_t *r)
+{
+    return ld16(r + 12);
+}
+static inline uint8_t rec_hl(const uint8_t *r)
+{
+    return r[14] & 0x7f;
+}
+static inline int rec_l2(const uint8_t *r)
+{
+    return (r[14] & L2_BIT) != 0;
+}
+static inline const uint8_t *rec_hash(const uint8_t *r)
+{
+    return r + REC_HDR;
+}
+static inline uint64_t rec_size(const uint8_t *r)
+{
+    uint64_t v = 0;
+    for (int i = 4; i >= 0; i--)
+        v = v << 8 | r[15 + i];
+    return v + 1;
+}
+static inline void rec_set_size(uint8_t *r, uint64_t size)
+{
+    uint64_t v = size - 1;
+    for (int i = 0; i < 5; i++, v >>= 8)
+        r[15 + i] = (uint8_t)v;
+}
+static inline void rec_set_l2(uint8_t *r, int on)
+{
+    r[14] = (uint8_t)(on ? r[14] | L2_BIT : r[14] & ~L2_BIT);
+}
+
+static inline tkey_t rec_tkey(const uint8_t *r)
+{
+    tkey_t t = {rec_rank(r), rec_group(r), rec_hl(r), rec_hash(r)};
+    return t;
+}
+
+static inline unsigned hash_class(uint8_t hash_len)
+{
+    return (unsigned)(hash_len - 1) / 8;
+}
+
+static inline int ref_live(const kvidx_index_t *idx, kvidx_ref_t ref)
+{
+    unsigned cls = ref >> CLASS_SHIFT;
+    uint32_t slot = ref & SLOT_MASK;
+    if (cls >= NCLASS || slot >= idx->slabs[cls].used)
+        return 0;
+    return rec_ns(rec_at(idx, ref)) != NS_FREE;
+}
+
+/* Takes a record slot; ix_slab_reserve must have made room. */
+static inline kvidx_ref_t rec_take(kvidx_index_t *idx, unsigned cls)
+{
+    slab_t *s = &idx->slabs[cls];
+    uint32_t slot;
+    if (s->nfree) {
+        slot = s->free_head;
+        uint8_t *r = rec_at(idx, (kvidx_ref_t)cls << CLASS_SHIFT | slot);
+        s->free_head = ld32(r + 4);
+        s->nfree--;
+    } else {
+        slot = s->used++;
+    }
+    return (kvidx_ref_t)cls << CLASS_SHIFT | slot;
+}
+
+/* Takes a record and writes key k of namespace ns into it, with size
+ * bytes, no L1 copy and no L2 copy yet; ix_slab_reserve must have made
+ * room. */
+static inline kvidx_ref_t rec_new(kvidx_index_t *idx, const ns_t *ns, const kvidx_key_t *k,
+                                  uint64_t size)
+{
+    kvidx_ref_t ref = rec_take(idx, hash_class(k->hash_len));
+    uint8_t *r = rec_at(idx, ref);
+    st32(r, ns->id);
+    st32(r + 4, k->kv_rank);
+    st32(r + 8, 0);
+    st16(r + 12, k->group);
+    r[14] = k->hash_len;
+    rec_set_size(r, size);
+    memcpy(r + REC_HDR, k->hash, k->hash_len);
+    return ref;
+}
+
+static inline void rec_release(kvidx_index_t *idx, kvidx_ref_t ref)
+{
+    slab_t *s = &idx->slabs[ref >> CLASS_SHIFT];
+    uint8_t *r = rec_at(idx, ref);
+    st32(r, NS_FREE);
+    st32(r + 4, s->free_head);
+    st32(r + 8, 0);
+    s->free_head = ref & SLOT_MASK;
+    s->nfree++;
+}
+
+/* ---- keyed hash of a key (for the table) ---- */
+
+/* The table hash of a key is A(namespace, group, hash bytes) ^ B(kv_rank),
+ * both keyed SipHash (different input lengths keep them apart). The split
+ * lets a batch reuse A across the ranks of one chunk (an ipc request names
+ * every chunk once per rank, consecutively) and B across the chunks of one
+ * rank; both parts are pseudo-random functions of the secret key, so an
+ * attacker still cannot predict which keys share a probe run. */
+/* A's message is whole words: namespace, group and hash length, then the
+ * hash bytes zero-padded to a word. A hash is always readable up to its
+ * next multiple of 8 bytes (a kvidx_key_t's 64-byte array, a separator's,
+ * or a record's slot of its length class), so it is read a word at a
+ * time and the last word masked. */
+static inline uint64_t hash_a(const kvidx_index_t *idx, uint32_t ns_id, const tkey_t *t)
+{
+    uint64_t w[1 + KVIDX_HASH_MAX / 8];
+    w[0] = (uint64_t)ns_id | (uint64_t)t->group << 32 | (uint64_t)t->hash_len << 48;
+    size_t nw = ((size_t)t->hash_len + 7) / 8;
+    for (size_t i = 0; i < nw; i++)
+        w[1 + i] = kvidx_le64(t->hash + 8 * i);
+    if (t->hash_len % 8)
+        w[nw] &= (UINT64_C(1) << (8 * (t->hash_len % 8))) - 1;
+    return kvidx_siphash_words(idx->hkey, w, 1 + nw, 1, 3);
+}
+
+static inline uint64_t hash_b(const kvidx_index_t *idx, uint32_t rank)
+{
+    uint64_t w = rank;
+    return kvidx_siphash_words(idx->hkey, &w, 1, 1, 3);
+}
+
+static inline uint64_t tk_hash(const kvidx_index_t *idx, uint32_t ns_id, const tkey_t *t)
+{
+    return hash_a(idx, ns_id, t) ^ hash_b(idx, t->rank);
+}
+
+/* Reuses the parts of tk_hash across the keys of one batch: A of the last
+ * (namespace, group, hash), B of the last 8 ranks (direct-mapped on the
+ * rank's low 3 bits, the low bits of the worker's local rank in a packed
+ * kv_rank). Start one with a_valid = b_valid = 0. */
+typedef struct hcache {
+    int a_valid;
+    uint32_t ns_id;
+    uint16_t group;
+    uint8_t hash_len;
+    uint8_t hash[KVIDX_HASH_MAX];
+    uint64_t a;
+    uint8_t b_valid;
+    uint32_t rank[8];
+    uint64_t b[8];
+} hcache_t;
+
+static inline uint64_t tk_hash_cached(const kvidx_index_t *idx, hcache_t *c, uint32_t ns_id,
+                                      const tkey_t *t)
+{
+    if (!c->a_valid || c->ns_id != ns_id || c->group != t->group || c->hash_len != t->hash_len ||
+        !hash_eq(c->hash, t->hash, t->hash_len)) {
+        c->a = hash_a(idx, ns_id, t);
+        c->a_valid = 1;
+        c->ns_id = ns_id;
+        c->group = t->group;
+        c->hash_len = t->hash_len;
+        memcpy(c->hash, t->hash, t->hash_len);
+    }
+    unsigned slot = t->rank & 7;
+    if (!(c->b_valid & (1u << slot)) || c->rank[slot] != t->rank) {
+        c->b[slot] = hash_b(idx, t->rank);
+        c->rank[slot] = t->rank;
+        c->b_valid |= (uint8_t)(1u << slot);
+    }
+    return c->a ^ c->b[slot];
+}
+
+static inline uint64_t ref_hash(const kvidx_index_t *idx, kvidx_ref_t ref)
+{
+    const uint8_t *r = rec_at(idx, ref);
+    tkey_t t = rec_tkey(r);
+    return tk_hash(idx, rec_ns(r), &t);
+}
+
+/* ---- key order inside a namespace ---- */
+
+static inline int tk_cmp(const tkey_t *a, const tkey_t *b)
+{
+    if (a->rank != b->rank)
+        return a->rank < b->rank ? -1 : 1;
+    if (a->group != b->group)
+        return a->group < b->group ? -1 : 1;
+    return bytes_cmp(a->hash, a->hash_len, b->hash, b->hash_len);
+}
+
+static inline int tk_cmp_rec(const tkey_t *a, const uint8_t *r)
+{
+    tkey_t b = rec_tkey(r);
+    return tk_cmp(a, &b);
+}
+
+static inline int tk_cmp_sep(const tkey_t *a, const skey_t *s)
+{
+    tkey_t b = {s->rank, s->group, s->hash_len, s->hash};
+    return tk_cmp(a, &b);
+}
+
+/* ---- hash table probe and insert (table.c has the rest) ---- */
+
+/* Each slot keeps a byte of its key's hash beside the ref, so a probe reads
+ * a record (a cache miss) only when that byte matches: 1 in 256 of the
+ * other keys of a probe run instead of all of them. */
+static inline uint8_t h_tag(uint64_t h)
+{
+    return (uint8_t)(h >> 56);
+}
+
+static inline kvidx_ref_t ht_find_h(const kvidx_index_t *idx, uint32_t ns_id, const tkey_t *t,
+                                    uint64_t h)
+{
+    if (!idx->ht_cap)
+        return KVIDX_REF_NONE;
+    size_t mask = idx->ht_cap - 1;
+    size_t j = (size_t)h & mask;
+    uint8_t tag = h_tag(h);
+    for (;;) {
+        uint32_t ref = idx->ht[j];
+        if (ref == KVIDX_REF_NONE)
+            return KVIDX_REF_NONE;
+        if (idx->ht_tag[j] == tag) {
+            const uint8_t *r = rec_at(idx, ref);
+            if (rec_ns(r) == ns_id && rec_rank(r) == t->rank && rec_group(r) == t->group &&
+                rec_hl(r) == t->hash_len && hash_eq(rec_hash(r), t->hash, t->hash_len))
+                return ref;
+        }
+        j = (j + 1) & mask;
+    }
+}
+
+static inline kvidx_ref_t ht_find(const kvidx_index_t *idx, uint32_t ns_id, const tkey_t *t)
+{
+    return ht_find_h(idx, ns_id, t, tk_hash(idx, ns_id, t));
+}
+
+/* Inserts a ref known to be absent, whose hash is h; ix_ht_reserve must
+ * have made room. */
+static inline void ht_insert(kvidx_index_t *idx, kvidx_ref_t ref, uint64_t h)
+{
+    size_t mask = idx->ht_cap - 1;
+    size_t j = (size_t)h & mask;
+    while (idx->ht[j] != KVIDX_REF_NONE)
+        j = (j + 1) & mask;
+    idx->ht[j] = ref;
+    idx->ht_tag[j] = h_tag(h);
+    idx->ht_count++;
+}
+
+/* ---- namespace search (names.c has the rest) ---- */
+
+static inline int ns_cmp(const ns_t *ns, const char *salt, size_t sl, const char *model, size_t ml)
+{
+    int c = bytes_cmp(ns->salt->s, ns->salt->len, salt, sl);
+    if (c)
+        return c;
+    return bytes_cmp(ns->model->s, ns->model->len, model, ml);
+}
+
+/* First namespace >= (salt, model) in the sorted array. */
+static inline size_t ns_lower_bound(const kvidx_index_t *idx, const char *salt, size_t sl,
+                                    const char *model, size_t ml)
+{
+    size_t lo = 0, hi = idx->n_ns;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (ns_cmp(idx->ns_sorted[mid], salt, sl, model, ml) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static inline ns_t *ns_find(const kvidx_index_t *idx, const kvidx_key_t *k)
+{
+    size_t i = ns_lower_bound(idx, k->salt, k->salt_len, k->model, k->model_len);
+    if (i < idx->n_ns &&
+        ns_cmp(idx->ns_sorted[i], k->salt, k->salt_len, k->model, k->model_len) == 0)
+        return idx->ns_sorted[i];
+    return NULL;
+}
+
+static inline int key_shape_ok(const kvidx_key_t *k)
+{
+    return k->hash_len >= KVIDX_HASH_MIN && k->hash_len <= KVIDX_HASH_MAX &&
+           k->model_len <= KVIDX_MODEL_MAX && k->salt_len <= KVIDX_SALT_MAX &&
+           (k->model || !k->model_len) && (k->salt || !k->salt_len);
+}
+
+/* The ref of key k, or KVIDX_REF_NONE. */
+static inline kvidx_ref_t lookup(const kvidx_index_t *idx, const kvidx_key_t *k)
+{
+    if (!key_shape_ok(k))
+        return KVIDX_REF_NONE;
+    const ns_t *ns = ns_find(idx, k);
+    if (!ns)
+        return KVIDX_REF_NONE;
+    tkey_t t = {k->kv_rank, k->group, k->hash_len, k->hash};
+    return ht_find(idx, ns->id, &t);
+}
+
+static inline void make_key(const kvidx_index_t *idx, const uint8_t *r, kvidx_key_t *k)
+{
+    const ns_t *ns = idx->ns_ids[rec_ns(r)].ns;
+    k->model = ns->model->s;
+    k->model_len = ns->model->len;
+    k->salt = ns->salt->s;
+    k->salt_len = (uint8_t)ns->salt->len;
+    k->kv_rank = rec_rank(r);
+    k->group = rec_group(r);
+    k->hash_len = rec_hl(r);
+    memcpy(k->hash, rec_hash(r), k->hash_len);
+}
+
+/* ---- L1 copies and the LRU (tier.c has the rest) ---- */
+
+static inline uint32_t l1_take(kvidx_index_t *idx)
+{
+    uint32_t m;
+    if (idx->l1_nfree) {
+        m = idx->l1_free;
+        idx->l1_free = idx->l1[m].next;
+        idx->l1_nfree--;
+    } else {
+        m = idx->l1_used++;
+    }
+    return m;
+}
+
+static inline void lru_unlink(kvidx_index_t *idx, uint32_t m, uint64_t size)
+{
+    l1m_t *e = &idx->l1[m];
+    if (!e->in_lru)
+        return;
+    idx->l1[e->prev].next = e->next;
+    idx->l1[e->next].prev = e->prev;
+    e->in_lru = 0;
+    idx->c.lru_bytes -= size;
+}
+
+/* Links m as the most recent (slot 0 is the head: 0.next = most recent). */
+static inline void lru_push(kvidx_index_t *idx, uint32_t m, uint64_t size)
+{
+    l1m_t *e = &idx->l1[m];
+    e->prev = 0;
+    e->next = idx->l1[0].next;
+    idx->l1[e->next].prev = m;
+    idx->l1[0].next = m;
+    e->in_lru = 1;
+    idx->c.lru_bytes += size;
+}
+
+/* Creates an L1 copy for ref (slot reserved); not linked in the LRU. */
+static inline uint32_t l1_create(kvidx_index_t *idx, kvidx_ref_t ref, uint8_t state, int temporary)
+{
+    uint32_t m = l1_take(idx);
+    l1m_t *e = &idx->l1[m];
+    e->ref = ref;
+    e->prev = e->next = 0;
+    e->pins = 0;
+    e->gen = idx->gen_next++;
+    e->state = state;
+    e->temporary = (uint8_t)(temporary != 0);
+    e->in_lru = 0;
+    uint8_t *r = rec_at(idx, ref);
+    st32(r + 8, m);
+    idx->c.l1_keys++;
+    idx->c.l1_bytes += rec_size(r);
+    if (state == KVIDX_L1_LOADING)
+        idx->c.l1_loading++;
+    return m;
+}
+
+/* The durable state of a live ref (see kvidx_durable_t). */
+static inline kvidx_durable_t durable_of(const kvidx_index_t *idx, kvidx_ref_t ref)
+{
+    const uint8_t *r = rec_at(idx, ref);
+    uint32_t m = rec_l1(r);
+    kvidx_durable_t d = {0, rec_l2(r) ? KVIDX_DURABLE_L2 : 0};
+    if (m && idx->l1[m].state == KVIDX_L1_READY && !idx->l1[m].temporary)
+        d.tiers |= KVIDX_DURABLE_L1;
+    if (d.tiers)
+        d.size_bytes = rec_size(r);
+    return d;
+}
+
+/* ---- shared functions of the folder ---- */
+
+/* slab.c */
+int ix_slab_reserve(slab_t *s, uint64_t k);
+int ix_scratch_get(kvidx_index_t *idx, size_t bytes, void **out);
+
+/* table.c */
+int ix_ht_reserve(kvidx_index_t *idx, size_t extra);
+void ix_ht_remove(kvidx_index_t *idx, kvidx_ref_t ref);
+void ix_ht_insert_sorted(kvidx_index_t *idx, const uint64_t *pend, const uint8_t *ptag, size_t n,
+                         uint64_t *tmp, uint8_t *ttag);
+
+/* names.c */
+int ix_ns_get(kvidx_index_t *idx, const kvidx_key_t *k, ns_t **out);
+void ix_ns_drop_if_empty(kvidx_index_t *idx, ns_t *ns);
+size_t ix_str_lower_bound(const kvidx_index_t *idx, const char *s, size_t n);
+
+/* btree.c */
+int ix_tree_prepare_slow(kvidx_index_t *idx, const ns_t *ns);
+void ix_tree_insert(kvidx_index_t *idx, ns_t *ns, const tkey_t *t, kvidx_ref_t ref);
+int ix_tree_after_last(const kvidx_index_t *idx, const ns_t *ns, const tkey_t *t);
+void ix_tree_append(kvidx_index_t *idx, ns_t *ns, kvidx_ref_t ref);
+void ix_tree_remove(kvidx_index_t *idx, ns_t *ns, const tkey_t *t, kvidx_ref_t ref);
+void ix_tree_seek(const kvidx_index_t *idx, const ns_t *ns, const tkey_t *t, int strict,
+                  cursor_t *c);
+void ix_tree_free(void *node, uint32_t height);
+
+/* Makes sure one insert into ns can allocate nothing: one leaf and
+ * height + 1 inner nodes in reserve (the common case, nothing to do, is
+ * decided here without a call). */
+static inline int tree_prepare(kvidx_index_t *idx, const ns_t *ns)
+{
+    if (idx->spare_leaf && idx->nspare_inner > ns->height)
+        return 0;
+    return ix_tree_prepare_slow(idx, ns);
+}
+
+/* tier.c */
+int ix_l1_reserve_slots(kvidx_index_t *idx, uint64_t k);
+void ix_l1_drop(kvidx_index_t *idx, kvidx_ref_t ref);
+void ix_forget(kvidx_index_t *idx, kvidx_ref_t ref);
+void ix_notify(kvidx_index_t *idx, kvidx_ref_t ref, const kvidx_durable_t *before);
+void ix_evict_to_fit(kvidx_index_t *idx);
+int ix_l1_room(const kvidx_index_t *idx, uint64_t extra, uint64_t excluded);
+
+#endif

@@ -1,0 +1,153 @@
+/*
+ * The exact-lookup hash table and the index's keyed hashes.
+ *
+ * The table is open addressing over refs with a tag byte per slot (the top
+ * byte of the key's hash), linear probing and backward-shift deletion, so
+ * that no tombstones exist: every live record is in exactly one slot, at or
+ * after its home slot with no empty slot in between, the table holds
+ * nothing else, ht_count is the number of occupied slots, and the load
+ * stays at or below 0.8 (ix_ht_reserve grows the table before any insert).
+ * The hash of a key is keyed SipHash-1-3, split in a chunk part and a rank
+ * part (index_int.h, tk_hash); the probe and the single insert are inlined
+ * there too.
+ */
+#include "index_int.h"
+
+static uint64_t sip(const kvidx_index_t *idx, const uint8_t *in, size_t n)
+{
+    unsigned char out[crypto_shorthash_BYTES];
+    crypto_shorthash(out, in, n, idx->hkey);
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | out[i];
+    return v;
+}
+
+uint64_t kvidx_index_key_hash64(const kvidx_index_t *idx, const kvidx_key_t *k)
+{
+    uint8_t buf[2 + KVIDX_SALT_MAX + 2 + KVIDX_MODEL_MAX + 4 + 2 + 1 + KVIDX_HASH_MAX];
+    size_t sl = k->salt_len > KVIDX_SALT_MAX ? KVIDX_SALT_MAX : k->salt_len;
+    size_t ml = k->model_len > KVIDX_MODEL_MAX ? KVIDX_MODEL_MAX : k->model_len;
+    size_t hl = k->hash_len > KVIDX_HASH_MAX ? KVIDX_HASH_MAX : k->hash_len;
+    size_t n = 0;
+    st16(buf + n, (uint16_t)sl);
+    n += 2;
+    if (sl)
+        memcpy(buf + n, k->salt, sl);
+    n += sl;
+    st16(buf + n, (uint16_t)ml);
+    n += 2;
+    if (ml)
+        memcpy(buf + n, k->model, ml);
+    n += ml;
+    st32(buf + n, k->kv_rank);
+    n += 4;
+    st16(buf + n, k->group);
+    n += 2;
+    buf[n++] = (uint8_t)hl;
+    memcpy(buf + n, k->hash, hl);
+    n += hl;
+    return sip(idx, buf, n);
+}
+
+/* Makes room for extra more refs (rehashing into a larger table). */
+int ix_ht_reserve(kvidx_index_t *idx, size_t extra)
+{
+    size_t want = idx->ht_count + extra;
+    size_t cap = idx->ht_cap ? idx->ht_cap : 1024;
+    while (want > cap / 5 * 4) {
+        if (cap > SIZE_MAX / 8)
+            return KVIDX_ENOMEM;
+        cap *= 2;
+    }
+    if (cap == idx->ht_cap)
+        return 0;
+    uint32_t *t = kvidx_malloc_large(cap * sizeof(*t));
+    uint8_t *tg = kvidx_malloc_large(cap);
+    if (!t || !tg) {
+        kvidx_free(t);
+        kvidx_free(tg);
+        return KVIDX_ENOMEM;
+    }
+    memset(t, 0xff, cap * sizeof(*t));
+    memset(tg, 0, cap);
+    size_t mask = cap - 1;
+    for (size_t i = 0; i < idx->ht_cap; i++) {
+        uint32_t ref = idx->ht[i];
+        if (ref == KVIDX_REF_NONE)
+            continue;
+        uint64_t h = ref_hash(idx, ref);
+        size_t j = (size_t)h & mask;
+        while (t[j] != KVIDX_REF_NONE)
+            j = (j + 1) & mask;
+        t[j] = ref;
+        tg[j] = h_tag(h);
+    }
+    kvidx_free(idx->ht);
+    kvidx_free(idx->ht_tag);
+    idx->ht = t;
+    idx->ht_tag = tg;
+    idx->ht_cap = cap;
+    return 0;
+}
+
+/* Removes a ref (its record must still be intact), shifting the rest of the
+ * probe run back so that lookups never need tombstones. */
+void ix_ht_remove(kvidx_index_t *idx, kvidx_ref_t ref)
+{
+    size_t mask = idx->ht_cap - 1;
+    size_t i = (size_t)ref_hash(idx, ref) & mask;
+    while (idx->ht[i] != ref)
+        i = (i + 1) & mask;
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        uint32_t r = idx->ht[j];
+        if (r == KVIDX_REF_NONE)
+            break;
+        size_t home = (size_t)ref_hash(idx, r) & mask;
+        /* r may move to i only if its home is not in (i, j] cyclically. */
+        int between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!between) {
+            idx->ht[i] = r;
+            idx->ht_tag[i] = idx->ht_tag[j];
+            i = j;
+        }
+    }
+    idx->ht[i] = KVIDX_REF_NONE;
+    idx->ht_count--;
+}
+
+/* Inserts n refs known to be absent, each given as home slot << 32 | ref
+ * with its tag in ptag, in slot order (a counting sort on the slot's top
+ * bits into tmp, ttag): the table is then swept once instead of probed at
+ * random. ix_ht_reserve must have made room. */
+void ix_ht_insert_sorted(kvidx_index_t *idx, const uint64_t *pend, const uint8_t *ptag, size_t n,
+                         uint64_t *tmp, uint8_t *ttag)
+{
+    enum { BITS = 12 };
+    uint32_t count[(1u << BITS) + 1];
+    unsigned lg = 0;
+    while (((size_t)1 << lg) < idx->ht_cap)
+        lg++;
+    unsigned shift = 32 + (lg > BITS ? lg - BITS : 0);
+    memset(count, 0, sizeof(count));
+    for (size_t i = 0; i < n; i++)
+        count[(pend[i] >> shift) + 1]++;
+    for (uint32_t b = 1; b <= (1u << BITS); b++)
+        count[b] += count[b - 1];
+    for (size_t i = 0; i < n; i++) {
+        uint32_t at = count[pend[i] >> shift]++;
+        tmp[at] = pend[i];
+        ttag[at] = ptag[i];
+    }
+    size_t mask = idx->ht_cap - 1;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = (size_t)(tmp[i] >> 32);
+        while (idx->ht[j] != KVIDX_REF_NONE)
+            j = (j + 1) & mask;
+        idx->ht[j] = (uint32_t)tmp[i];
+        idx->ht_tag[j] = ttag[i];
+    }
+    idx->ht_count += n;
+}
