@@ -15,7 +15,7 @@
  * with keyed SipHash-1-3 (table.c). L1 copies live in a separate table of
  * metadata allocated only for keys that have one, whose slot 0 is the LRU
  * list head (tier.c). Stores are store.c; the bulk loader of a restore is
- * load.c.
+ * load.c; kvidx_index_check (check.c) verifies the invariants below.
  *
  * Invariants: every live record is in exactly one tree, its namespace's,
  * and in the table, which holds nothing else (each slot's tag byte is the

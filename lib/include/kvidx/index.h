@@ -316,4 +316,19 @@ int kvidx_index_list(const kvidx_index_t *idx, const kvidx_list_filter_t *f,
 /* ---- statistics ---- */
 void kvidx_index_stats(const kvidx_index_t *idx, kvidx_index_stats_t *out);
 
+/* ---- consistency ---- */
+
+/* Verifies the index's internal invariants: every live key is in its
+ * namespace's ordered tree and in the hash table exactly once and nothing
+ * else is; trees, namespaces and interned names are in strict order;
+ * interned names are referenced exactly by the namespaces that use them;
+ * every key has an L1 or an L2 copy; the LRU holds exactly the ready
+ * unpinned L1 copies; the key, byte, pin and LRU counters (what
+ * kvidx_index_stats reports) equal the sums over the keys. Meant for tests
+ * and fuzzers after each operation: it reads the whole index (time linear
+ * in its size, plus names x namespaces), changes nothing, allocates
+ * nothing and never aborts. Returns 0, or KVIDX_EINTERNAL when an
+ * invariant is broken. */
+int kvidx_index_check(const kvidx_index_t *idx);
+
 #endif
