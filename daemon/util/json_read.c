@@ -15,24 +15,91 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One pass over a JSON text: its nesting depth (stops counting past limit+1)
- * and an upper bound of its number of values (separators and openers
- * outside strings, plus one). */
-static void json_scan(const char *s, size_t n, size_t limit, size_t *depth_out, size_t *values)
+static int is_json_ws(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* 1 for a byte that would continue a number token: what follows a JSON
+ * number must be white space, a separator, a closer or the end. */
+static int continues_number(char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '.' ||
+           c == '+' || c == '-';
+}
+
+/* Length of the number at s[0..n) by RFC 8259's grammar,
+ * -? (0 | [1-9][0-9]*) (.[0-9]+)? ([eE][+-]?[0-9]+)?, or 0 when the bytes
+ * there are no such number or run on into more number bytes (01, 1., 1.e5:
+ * cJSON's strtod would take them). */
+static size_t number_len(const char *s, size_t n)
+{
+    size_t i = 0;
+    if (i < n && s[i] == '-')
+        i++;
+    if (i == n || s[i] < '0' || s[i] > '9')
+        return 0;
+    if (s[i++] != '0')
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++;
+    if (i < n && s[i] == '.') {
+        size_t d = ++i;
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++;
+        if (i == d)
+            return 0;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-'))
+            i++;
+        size_t d = i;
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++;
+        if (i == d)
+            return 0;
+    }
+    return i < n && continues_number(s[i]) ? 0 : i;
+}
+
+/* What one pass over a JSON text finds before cJSON sees it. */
+struct scan {
+    size_t depth;       /* nesting depth, counted up to limit + 1 */
+    size_t values;      /* upper bound of the number of values */
+    size_t nul_escapes; /* \u0000 escapes inside strings */
+    const char *bad;    /* NULL, or the first rule cJSON is too lenient to enforce */
+    size_t bad_at;      /* its byte offset */
+};
+
+/* The nesting depth (the scan stops once it passes limit), an upper bound
+ * of the number of values (separators and openers outside strings, plus
+ * one), and what RFC 8259 forbids but cJSON accepts: raw bytes below 0x20
+ * inside strings (cJSON copies them, and a NUL then ends the C string
+ * early), bytes below 0x20 other than the four white-space ones between
+ * tokens (cJSON skips them all), and numbers outside the JSON grammar.
+ * Everything else malformed is left to cJSON. */
+static void json_scan(const char *s, size_t n, size_t limit, struct scan *sc)
 {
     size_t depth = 0, max = 0, count = 1;
-    int in_str = 0;
-    for (size_t i = 0; i < n; i++) {
+    memset(sc, 0, sizeof(*sc));
+    for (size_t i = 0; i < n && !sc->bad; i++) {
         char c = s[i];
-        if (in_str) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in_str = 0;
-            continue;
-        }
         if (c == '"') {
-            in_str = 1;
+            for (i++; i < n; i++) {
+                c = s[i];
+                if (c == '"')
+                    break;
+                if ((unsigned char)c < 0x20) {
+                    sc->bad = "a string holds a raw control character (escape it)";
+                    sc->bad_at = i;
+                    break;
+                }
+                if (c == '\\') {
+                    if (i + 5 < n && s[i + 1] == 'u' && memcmp(s + i + 2, "0000", 4) == 0)
+                        sc->nul_escapes++;
+                    i++;
+                }
+            }
         } else if (c == ',') {
             count++;
         } else if (c == '[' || c == '{') {
@@ -42,19 +109,32 @@ static void json_scan(const char *s, size_t n, size_t limit, size_t *depth_out, 
                 if (max > limit)
                     break;
             }
-        } else if ((c == ']' || c == '}') && depth > 0) {
-            depth--;
+        } else if (c == ']' || c == '}') {
+            if (depth > 0)
+                depth--;
+        } else if (c == '-' || c == '+' || c == '.' || (c >= '0' && c <= '9')) {
+            size_t len = number_len(s + i, n - i);
+            if (len == 0) {
+                sc->bad = "a number outside the JSON grammar (no leading zero, no '+', "
+                          "digits on both sides of '.')";
+                sc->bad_at = i;
+            } else {
+                i += len - 1;
+            }
+        } else if ((unsigned char)c < 0x20 && !is_json_ws(c)) {
+            sc->bad = "a control character outside a string";
+            sc->bad_at = i;
         }
     }
-    *depth_out = max;
-    *values = count;
+    sc->depth = max;
+    sc->values = count;
 }
 
 size_t json_depth(const char *s, size_t n, size_t limit)
 {
-    size_t depth, values;
-    json_scan(s, n, limit, &depth, &values);
-    return depth;
+    struct scan sc;
+    json_scan(s, n, limit, &sc);
+    return sc.depth;
 }
 
 /* Answers the problem only when there is a response to answer in. */
@@ -73,30 +153,37 @@ int json_parse_text(const char *body, size_t body_len, const struct app *app, si
         PROBLEM(res, KVIDX_EJSON, "the request needs a JSON body");
         return KVIDX_EJSON;
     }
-    size_t depth, values;
-    json_scan(body, body_len, limit, &depth, &values);
-    if (depth > limit) {
+    struct scan sc;
+    json_scan(body, body_len, limit, &sc);
+    if (sc.depth > limit) {
         PROBLEM(res, KVIDX_EJSON, "JSON nesting deeper than max_json_depth (%zu)", limit);
+        return KVIDX_EJSON;
+    }
+    if (sc.bad) {
+        PROBLEM(res, KVIDX_EJSON, "the body is not valid JSON: %s at byte %zu", sc.bad, sc.bad_at);
         return KVIDX_EJSON;
     }
     /* cJSON spends about 64 bytes per value: a body of tiny values (60 MB
      * of "0,") would cost gigabytes. No request needs more than a few
      * dozen values per key, so refuse before building the tree. */
     uint64_t max_keys = app ? app->cfg.max_keys_per_request : 262144;
-    if ((uint64_t)values + extra_values > JSON_VALUES_PER_KEY * max_keys + 4096) {
+    if ((uint64_t)sc.values + extra_values > JSON_VALUES_PER_KEY * max_keys + 4096) {
         PROBLEM(res, KVIDX_EBODYSIZE,
                 "the body holds more JSON values than any request of at most %llu keys "
                 "needs",
                 (unsigned long long)max_keys);
         return KVIDX_EBODYSIZE;
     }
-    /* cJSON ends a string at an escaped NUL, so "a\u0000b" would arrive as
-     * "a" and pass validation as another key. Every string kvidx reads
-     * forbids NUL, and every key field forbids '@', so the escape is
-     * rewritten to \u0040 (same length): the value is then rejected. */
+    /* cJSON ends a string at a decoded NUL, so "a\u0000b" would arrive as
+     * "a", "l1\u0000x" as "l1", and pass as another value. The escape is
+     * rewritten to \u0040 (same length): the string keeps its decoded
+     * length with '@' for the NUL, so it equals no name or value it would
+     * have been cut to, and every key field, which forbids '@', rejects it
+     * (invalid_key, as for any other forbidden byte). With raw control bytes
+     * refused above, no string of the tree holds a NUL. */
     char *patched = NULL;
     const char *text = body;
-    for (size_t i = 0, in_str = 0; i < body_len; i++) {
+    for (size_t i = 0, in_str = 0; sc.nul_escapes && i < body_len; i++) {
         char c = body[i];
         if (!in_str) {
             in_str = c == '"';
@@ -133,9 +220,9 @@ int json_parse_text(const char *body, size_t body_len, const struct app *app, si
     /* Only white space may follow the value. */
     const char *p = end ? end : body + body_len;
     const char *stop = body + body_len;
-    while (p < stop && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
+    while (p < stop && is_json_ws(*p))
         p++;
-    if (p < stop && !(p + 1 == stop && *p == '\0')) {
+    if (p < stop) {
         cJSON_Delete(j);
         PROBLEM(res, KVIDX_EJSON, "unexpected data after the JSON value at byte %zu",
                 (size_t)(p - body));
@@ -150,15 +237,21 @@ int json_parse_body(const struct request *req, struct response *res, cJSON **out
     return json_parse_text(req->body, req->body_len, req->app, 0, res, out);
 }
 
+const char *json_str(const cJSON *v, size_t *len)
+{
+    if (!cJSON_IsString(v) || !v->valuestring)
+        return NULL;
+    *len = strlen(v->valuestring);
+    return v->valuestring;
+}
+
 void json_field(const cJSON *v, kvidx_field_t *f)
 {
     memset(f, 0, sizeof(*f));
     if (!v) {
         f->kind = KVIDX_FIELD_ABSENT;
-    } else if (cJSON_IsString(v)) {
+    } else if ((f->str = json_str(v, &f->len)) != NULL) {
         f->kind = KVIDX_FIELD_STRING;
-        f->str = v->valuestring;
-        f->len = strlen(v->valuestring);
     } else if (cJSON_IsNumber(v)) {
         f->kind = KVIDX_FIELD_NUMBER;
         f->num = v->valuedouble;

@@ -34,6 +34,10 @@ int json_parse_body(const struct request *req, struct response *res, cJSON **out
 int json_parse_text(const char *body, size_t body_len, const struct app *app, size_t extra_values,
                     struct response *res, cJSON **out);
 
+/* The bytes of v when it is a string, else NULL; *len gets their count.
+ * In a tree from json_parse_text no string holds a NUL byte (see there), so
+ * the count is the string's decoded length. */
+const char *json_str(const cJSON *v, size_t *len);
 /* Converts a JSON value into the validator's raw fields. */
 void json_field(const cJSON *v, kvidx_field_t *f);
 /* Validates a JSON key object (EncodedObjectKey) into *k; model and salt

@@ -6,9 +6,10 @@
  * kvidx_key_t directly, and only the rest of the body (the keys array cut
  * down to []) goes through json_parse_text.
  *
- * Invariants: the scanner accepts a strict subset of what cJSON accepts,
- * and gives up (returns 1, nothing allocated) on anything outside it:
- * escapes, NUL bytes, white space other than the four JSON ones,
+ * Invariants: the scanner accepts a strict subset of what json_parse_text
+ * accepts, and gives up (returns 1, nothing allocated) on anything outside
+ * it: escapes, raw control bytes (below 0x20) in strings, white space other
+ * than the four JSON ones,
  * numbers other than 1..15 plain digits without a leading zero, unknown or
  * repeated key members, nested values before "keys", invalid keys, a
  * max_json_depth below 3, or a body whose value count json_parse_body
@@ -64,17 +65,25 @@ static int expect(struct cur *c, char ch)
 #define ONES  UINT64_C(0x0101010101010101)
 #define HIGHS UINT64_C(0x8080808080808080)
 
-/* Bit 7 set in every byte of x that is zero (and possibly in bytes above
- * a zero one, never below: the lowest flagged byte is exact). */
+/* Bit 7 set in every byte of x that is below 0x20 (and possibly in bytes
+ * above such a one, never below: the lowest flagged byte is exact). Bytes
+ * from 0x80 up are never flagged. */
+static uint64_t control_bytes(uint64_t x)
+{
+    return (x - ONES * 0x20) & ~x & HIGHS;
+}
+
+/* Bit 7 set in every byte of x that is zero (same exactness). */
 static uint64_t zero_bytes(uint64_t x)
 {
     return (x - ONES) & ~x & HIGHS;
 }
 
-/* A string at c->p with no escape and no NUL: its bytes, or -1. Other raw
- * bytes, control bytes included, are what cJSON copies verbatim too (the
- * key validators judge them). Scans 8 bytes a word for the first '"',
- * '\\' or NUL (one pass instead of three memchr calls per string). */
+/* A string at c->p with no escape and no control byte: its bytes, or -1.
+ * JSON forbids raw bytes below 0x20 in strings (json_parse_text answers
+ * invalid_json for them), so the scanner leaves such a string to it. Scans
+ * 8 bytes a word for the first '"', '\\' or control byte (one pass instead
+ * of a memchr per byte kind). */
 static int plain_string(struct cur *c, const char **s, size_t *n)
 {
     const char *p = c->p, *e = c->e;
@@ -86,14 +95,14 @@ static int plain_string(struct cur *c, const char **s, size_t *n)
         if (e - q >= 8) {
             uint64_t x = kvidx_le64(q);
             uint64_t hit =
-                zero_bytes(x) | zero_bytes(x ^ (ONES * '"')) | zero_bytes(x ^ (ONES * '\\'));
+                control_bytes(x) | zero_bytes(x ^ (ONES * '"')) | zero_bytes(x ^ (ONES * '\\'));
             if (!hit) {
                 q += 8;
                 continue;
             }
             q += __builtin_ctzll(hit) / 8;
         } else {
-            while (q < e && *q != '"' && *q != '\\' && *q != '\0')
+            while (q < e && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20)
                 q++;
             if (q == e)
                 return -1;
@@ -159,7 +168,7 @@ static int skip_scalar(struct cur *c)
 }
 
 /* 1 when c->p holds the JSON string whose content is known[0..n) (bytes
- * an earlier plain_string accepted: no quote, backslash or NUL), which is
+ * an earlier plain_string accepted: no quote, backslash or control byte), which is
  * then consumed. One memcmp instead of a scan. */
 static int same_string(struct cur *c, const char *known, size_t n)
 {

@@ -39,10 +39,10 @@ enum { KEYSCAN_KEYS = 1, KEYSCAN_CHUNK_HASHES = 2 };
  * member (what has KEYSCAN_KEYS) comes before any member with an object or
  * array value, and whose keys array holds only flat key objects: the five
  * known member names, at most once each, string values without escapes or
- * NUL bytes, numbers as plain digits (no sign, fraction, exponent or
+ * control bytes (below 0x20), numbers as plain digits (no sign, fraction, exponent or
  * leading zero), and every key valid. With KEYSCAN_CHUNK_HASHES, a
  * "chunk_hashes" member in that place whose array holds only strings
- * without escapes or NUL bytes is taken the same way (ks->chunk_hashes).
+ * without escapes or control bytes is taken the same way (ks->chunk_hashes).
  * Returns 0 and fills *ks (free with keyscan_free), or 1 when anything is
  * unusual or wrong: then nothing is allocated and the caller runs
  * json_parse_body, whose answer is the reference. A body taken here is one

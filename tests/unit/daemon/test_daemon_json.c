@@ -7,6 +7,7 @@
 
 #include "kvidx/err.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static cJSON *roundtrip_string(const char *s, size_t n, struct buf *b)
@@ -214,4 +215,168 @@ Test(json, param_errors_keep_every_index_but_not_floods)
     cJSON_Delete(j);
     buf_free(&res.body);
     param_errors_free(&pe);
+}
+
+/* json_parse_text on text[0..n) with the default limits: 0 and the tree, or
+ * the error with the answer's status and code checked. */
+static int parse_n(const char *text, size_t n, cJSON **out)
+{
+    struct response res;
+    memset(&res, 0, sizeof(res));
+    *out = NULL;
+    int rc = json_parse_text(text, n, NULL, 0, &res, out);
+    if (rc == KVIDX_EJSON) {
+        cr_assert_eq(res.status, 400);
+        cr_assert_not_null(strstr(res.body.data, "\"code\":\"invalid_json\""), "%s", res.body.data);
+    }
+    buf_free(&res.body);
+    return rc;
+}
+
+/* tpl with its one '@' replaced by s, into out (cap bytes); the length. */
+static size_t fill(char *out, size_t cap, const char *tpl, const char *s)
+{
+    const char *at = strchr(tpl, '@');
+    cr_assert_not_null(at);
+    size_t pre = (size_t)(at - tpl), sl = strlen(s), post = strlen(at + 1);
+    cr_assert(pre + sl + post < cap);
+    memcpy(out, tpl, pre);
+    memcpy(out + pre, s, sl);
+    memcpy(out + pre + sl, at + 1, post + 1);
+    return pre + sl + post;
+}
+
+/* RFC 8259 forbids raw bytes below 0x20 inside strings. cJSON copies them,
+ * so a raw NUL used to cut a string short: "llama<NUL>@evil" was read as
+ * the valid model "llama". Every such body is invalid_json, whatever the
+ * string is (a value, a member name, a key field, an array element). */
+Test(json, raw_control_characters_in_strings_are_invalid_json)
+{
+    static const char *const templates[] = {
+        "{\"entries\":[{\"key\":{\"chunk_hash_hex\":\"aa\",\"model_name\":\"llamaX@evil\","
+        "\"kv_rank\":0},\"size_bytes\":1}]}",
+        "{\"keys\":[{\"chunk_hash_hex\":\"bbXzz\",\"model_name\":\"m\",\"kv_rank\":0}]}",
+        "{\"tier\":\"l1Xx\"}",
+        "{\"tierXjunk\":\"l1\"}",
+        "{\"chunk_hashes\":[\"aa\",\"X\"]}",
+        "\"X\"",
+        "[\"a\",\"bX\"]",
+        "{\"a\":\"X\\\"\"}",
+    };
+    static const unsigned char bytes[] = {0x00, 0x01, 0x09, 0x0a, 0x0d, 0x1f};
+    for (size_t t = 0; t < sizeof(templates) / sizeof(templates[0]); t++) {
+        for (size_t b = 0; b < sizeof(bytes); b++) {
+            char text[256];
+            size_t tl = strlen(templates[t]);
+            cr_assert(tl < sizeof(text));
+            memcpy(text, templates[t], tl + 1);
+            int n = (int)tl;
+            char *x = memchr(text, 'X', (size_t)n);
+            cr_assert_not_null(x);
+            cJSON *j = NULL;
+            cr_assert_eq(parse_n(text, (size_t)n, &j), 0, "the template parses: %s", text);
+            cJSON_Delete(j);
+            *x = (char)bytes[b];
+            cr_assert_eq(parse_n(text, (size_t)n, &j), KVIDX_EJSON, "byte 0x%02x in %s", bytes[b],
+                         templates[t]);
+            cr_assert_null(j);
+        }
+    }
+    /* Bytes from 0x20 up, DEL and non-ASCII included, are plain content. */
+    static const char ok[] = "[\" \x7f\xc3\xa9\"]";
+    cJSON *j = NULL;
+    cr_assert_eq(parse_n(ok, sizeof(ok) - 1, &j), 0);
+    cJSON_Delete(j);
+}
+
+/* Between tokens only the four JSON white-space bytes may stand; cJSON
+ * skips any byte up to 0x20 there. A trailing NUL is no exception. */
+Test(json, control_bytes_between_tokens_are_invalid_json)
+{
+    static const char *const bad[] = {"\x01[1]", "[\x0b 1]",      "[1\x00]",
+                                      "[1]\x00", "{\"a\"\x1f:1}", "[1,\x0c 2]"};
+    static const size_t len[] = {4, 5, 4, 4, 8, 6};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cJSON *j = NULL;
+        cr_assert_eq(parse_n(bad[i], len[i], &j), KVIDX_EJSON, "case %zu", i);
+        cr_assert_null(j);
+    }
+    static const char ws[] = " \t\r\n{ \"a\" :\t[ 1 ,\r\n2 ] } \n";
+    cJSON *j = NULL;
+    cr_assert_eq(parse_n(ws, sizeof(ws) - 1, &j), 0);
+    cJSON_Delete(j);
+}
+
+/* Numbers follow RFC 8259's grammar: -? (0 | [1-9][0-9]*) (.[0-9]+)?
+ * ([eE][+-]?[0-9]+)?. cJSON's strtod takes 01, 1., -01 and 1.e5 too. */
+Test(json, numbers_follow_the_json_grammar)
+{
+    static const char *const bad[] = {"01",    "1.",  "-01", "1.e5",  ".5",   "+1",  "-",   "1e",
+                                      "1e+",   "00",  "-00", "1.5e",  "0x10", "1E",  "--1", "1..2",
+                                      "1e5.5", "-.5", "0.",  "012.5", "1e-",  "2.e0"};
+    static const char *const wrap[] = {"@", "[@]", "{\"a\":@}", "[0,@,0]", "{\"a\": @ }"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        for (size_t w = 0; w < sizeof(wrap) / sizeof(wrap[0]); w++) {
+            char text[64];
+            size_t n = fill(text, sizeof(text), wrap[w], bad[i]);
+            cJSON *j = NULL;
+            cr_assert_eq(parse_n(text, n, &j), KVIDX_EJSON, "accepted %s", text);
+            cr_assert_null(j);
+        }
+    }
+    static const struct {
+        const char *text;
+        double v;
+    } good[] = {{"0", 0},        {"-0", -0.0},
+                {"1", 1},        {"-1", -1},
+                {"10", 10},      {"1.5", 1.5},
+                {"0.5", 0.5},    {"-0.0", -0.0},
+                {"1e5", 1e5},    {"1E5", 1e5},
+                {"1e+5", 1e5},   {"1e-5", 1e-5},
+                {"2.0", 2},      {"2e0", 2},
+                {"0.2e1", 2},    {"4294967295", 4294967295.0},
+                {"1.0E+2", 100}, {"-12.25e-2", -0.1225}};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        for (size_t w = 0; w < sizeof(wrap) / sizeof(wrap[0]); w++) {
+            char text[64];
+            size_t n = fill(text, sizeof(text), wrap[w], good[i].text);
+            cJSON *j = NULL;
+            cr_assert_eq(parse_n(text, n, &j), 0, "refused %s", text);
+            const cJSON *v = cJSON_IsArray(j)    ? cJSON_GetArrayItem(j, w == 3 ? 1 : 0)
+                             : cJSON_IsObject(j) ? cJSON_GetObjectItem(j, "a")
+                                                 : j;
+            cr_assert(cJSON_IsNumber(v) && v->valuedouble == good[i].v, "%s", text);
+            cJSON_Delete(j);
+        }
+    }
+    /* In a string, digits are just text. */
+    cJSON *j = NULL;
+    cr_assert_eq(parse_n("[\"01\",\"1.\",\"+1\"]", 16, &j), 0);
+    cJSON_Delete(j);
+}
+
+/* cJSON ends its strings at a decoded NUL, so "l1\u0000x" would be read as
+ * "l1" and "tier\u0000junk" as the member "tier". In the tree an escaped
+ * NUL reads as '@' instead: every string keeps its decoded length (strlen
+ * is the length), and none equals the shorter name or value it would have
+ * been cut to. Key fields all forbid '@' (test above: invalid_key). */
+Test(json, escaped_nul_keeps_every_string_its_length)
+{
+    static const char text[] = "{\"tier\\u0000junk\":\"l1\\u0000x\",\"t\":[\"a\\u0000\","
+                               "\"\\u0000\",\"\\\\u0000\"],\"\\u0000\":1}";
+    cJSON *j = NULL;
+    cr_assert_eq(parse_n(text, sizeof(text) - 1, &j), 0);
+    const cJSON *m = j->child;
+    cr_assert_str_eq(m->string, "tier@junk");
+    cr_assert_str_eq(m->valuestring, "l1@x");
+    size_t n = 0;
+    cr_assert_eq(json_str(m, &n), m->valuestring);
+    cr_assert_eq(n, 4);
+    const cJSON *t = m->next;
+    cr_assert_str_eq(cJSON_GetArrayItem(t, 0)->valuestring, "a@");
+    cr_assert_str_eq(cJSON_GetArrayItem(t, 1)->valuestring, "@");
+    cr_assert_str_eq(cJSON_GetArrayItem(t, 2)->valuestring, "\\u0000", "an escaped backslash");
+    cr_assert_str_eq(t->next->string, "@");
+    cr_assert_null(json_str(t, &n), "an array is no string");
+    cJSON_Delete(j);
 }

@@ -353,9 +353,9 @@ Test(keyscan, common_bodies_take_the_fast_path)
         "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"},\n"
         " {\"chunk_hash_hex\":\"cd\",\"kv_rank\":0,\"model_name\":\"caf\xc3\xa9\"}],"
         "\"x\":{\"y\":[1]}}",
-        /* raw control bytes are copied verbatim by cJSON too */
+        /* DEL and bytes from 0x80 up are plain content */
         "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\","
-        "\"cache_salt\":\"a\x01\x1f b\"}]}",
+        "\"cache_salt\":\"a\x7f\xc3\xa9 b\"}]}",
     };
     for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++)
         cr_assert_eq(diff_check(bodies[i], strlen(bodies[i]), NULL), 1, "%s", bodies[i]);
@@ -385,6 +385,92 @@ Test(keyscan, unusual_bodies_fall_back)
     };
     for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++)
         cr_assert_eq(diff_check(bodies[i], strlen(bodies[i]), NULL), 0, "%s", bodies[i]);
+}
+
+/* A raw byte below 0x20 in any string of the body (a key field, a member
+ * name, a chunk hash, a member before or after the array) is not JSON: the
+ * fast path leaves the body, and json_parse_body answers invalid_json. The
+ * same bodies with 'c' in that place take the fast path. */
+Test(keyscan, raw_control_bytes_fall_back_to_invalid_json)
+{
+    static const char *const templates[] = {
+        "{\"keys\":[{\"model_name\":\"llamaXevil\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"abXd\"}]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\","
+        "\"cache_salt\":\"saltXsalt\"}]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"},"
+        "{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"cd\",\"cache_salt\":\"X\"}]}",
+        "{\"tier\":\"l1X\",\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}"
+        "]}",
+        "{\"tierX\":\"l1\",\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}"
+        "]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}],"
+        "\"mode\":\"LOOKUPX\"}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}],"
+        "\"x\":{\"yX\":1}}",
+        "{\"model_name\":\"m\",\"chunk_hashes\":[\"aa\",\"bbXzz\"]}",
+        "{\"model_name\":\"nulXother\",\"chunk_hashes\":[\"aa\"]}",
+        "{\"model_name\":\"m\",\"chunk_hashes\":[\"aa\"],\"cache_salt\":\"X\"}",
+    };
+    static const unsigned char bytes[] = {0x00, 0x01, 0x0a, 0x1f};
+    for (size_t t = 0; t < sizeof(templates) / sizeof(templates[0]); t++) {
+        size_t n = strlen(templates[t]);
+        char body[256];
+        cr_assert(n < sizeof(body));
+        memcpy(body, templates[t], n);
+        char *x = memchr(body, 'X', n);
+        cr_assert_not_null(x);
+        /* A valid byte there (a hex digit for the hash) takes the fast path. */
+        *x = 'c';
+        cr_assert_eq(diff_check(body, n, NULL), 1, "the template takes the fast path: %s",
+                     templates[t]);
+        for (size_t b = 0; b < sizeof(bytes); b++) {
+            *x = (char)bytes[b];
+            cr_assert_eq(diff_check(body, n, NULL), 0, "byte 0x%02x in %s", bytes[b], templates[t]);
+            struct request req;
+            memset(&req, 0, sizeof(req));
+            req.body = body;
+            req.body_len = n;
+            struct response res;
+            memset(&res, 0, sizeof(res));
+            cJSON *j = NULL;
+            cr_assert_eq(json_parse_body(&req, &res, &j), KVIDX_EJSON, "byte 0x%02x in %s",
+                         bytes[b], templates[t]);
+            cr_assert_eq(res.status, 400);
+            buf_free(&res.body);
+        }
+    }
+}
+
+/* Numbers the fast path would read as digits must follow the JSON grammar
+ * as json_parse_body does: a leading zero, a bare '.', a '+' fall back and
+ * are refused there. */
+Test(keyscan, numbers_outside_the_json_grammar_fall_back_to_invalid_json)
+{
+    static const char *const nums[] = {"01", "00", "-01", "1.", "1.e5", ".5", "+1", "007"};
+    for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
+        for (int where = 0; where < 3; where++) {
+            char body[200];
+            int n = snprintf(body, sizeof(body),
+                             where == 0   ? "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":%s,"
+                                            "\"chunk_hash_hex\":\"ab\"}]}"
+                             : where == 1 ? "{\"lease_ms\":%s,\"keys\":[{\"model_name\":\"m\","
+                                            "\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}]}"
+                                          : "{\"model_name\":\"m\",\"world_size\":%s,"
+                                            "\"chunk_hashes\":[\"aa\"]}",
+                             nums[i]);
+            cr_assert_eq(diff_check(body, (size_t)n, NULL), 0, "%s", body);
+            struct request req;
+            memset(&req, 0, sizeof(req));
+            req.body = body;
+            req.body_len = (size_t)n;
+            struct response res;
+            memset(&res, 0, sizeof(res));
+            cJSON *j = NULL;
+            cr_assert_eq(json_parse_body(&req, &res, &j), KVIDX_EJSON, "%s", body);
+            buf_free(&res.body);
+        }
+    }
 }
 
 Test(keyscan, depth_limit_below_three_falls_back)
