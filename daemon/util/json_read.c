@@ -271,6 +271,7 @@ int json_to_key(const cJSON *obj, kvidx_key_t *k, kvidx_reason_t *why)
         }
         return KVIDX_EKEY;
     }
+    int repeated = 0;
     for (const cJSON *m = obj->child; m; m = m->next) {
         kvidx_field_t *f = NULL;
         const char *name = m->string ? m->string : "";
@@ -284,12 +285,21 @@ int json_to_key(const cJSON *obj, kvidx_key_t *k, kvidx_reason_t *why)
             f = &in.object_group_id;
         else if (strcmp(name, "cache_salt") == 0)
             f = &in.cache_salt;
-        if (!f || f->kind != KVIDX_FIELD_ABSENT) {
-            /* Unknown or repeated member: both would silently name another key. */
+        /* Unknown or repeated member: both would silently name another key. */
+        if (!f)
             in.has_unknown_member = 1;
-            continue;
+        else if (f->kind != KVIDX_FIELD_ABSENT)
+            repeated = 1;
+        else
+            json_field(m, f);
+    }
+    if (repeated && !in.has_unknown_member) {
+        if (why) {
+            why->field = "key";
+            why->rule = "has a repeated member (each of chunk_hash_hex, model_name, kv_rank, "
+                        "object_group_id, cache_salt at most once)";
         }
-        json_field(m, f);
+        return KVIDX_EKEY;
     }
     return kvidx_key_from_input(&in, k, why);
 }

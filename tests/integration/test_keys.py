@@ -296,6 +296,23 @@ class PutTest(Base):
         self._reject('"unk@00000000@0@ab"', "string key")
         self.assert_absent(key("unk", 0, "ab"))
 
+    def test_repeated_member_is_called_repeated(self):
+        # a valid member name given twice is not an unknown member
+        routes = (("PUT", "/v1/keys", '{"entries":[{"key":%s,"size_bytes":7}]}', "entries[0].key"),
+                  ("DELETE", "/v1/keys", '{"keys":[%s]}', "keys[0]"),
+                  ("POST", "/v1/lookup", '{"keys":[%s]}', "keys[0]"))
+        for method, path, body, where in routes:
+            with self.subTest(path=path, method=method):
+                raw = body % ('{"model_name":"rep","kv_rank":0,"kv_rank":0,'
+                              '"chunk_hash_hex":"ab"}')
+                r = self.d.request(method, path, raw, {"Content-Type": "application/json"})
+                j = self.assert_problem(r, 400, "invalid_key")
+                params = j["invalid_params"]
+                self.assertEqual([p["name"] for p in params], [where], j)
+                self.assertIn("repeated member", params[0]["reason"], j)
+                self.assertNotIn("unknown", params[0]["reason"], j)
+        self.assert_absent(key("rep", 0, "ab"))
+
     def test_size_bounds(self):
         for label, v in {"zero": "0", "over": str((1 << 40) + 1), "neg": "-1", "frac": "1.5",
                          "string": '"5"', "over_float": "1099511627777.0",

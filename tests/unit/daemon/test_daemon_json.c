@@ -380,3 +380,28 @@ Test(json, escaped_nul_keeps_every_string_its_length)
     cr_assert_null(json_str(t, &n), "an array is no string");
     cJSON_Delete(j);
 }
+
+/* A member named twice in a key object is reported as repeated, not as
+ * unknown (the name is a valid one). */
+Test(json, repeated_key_member_is_called_repeated)
+{
+    kvidx_key_t k;
+    kvidx_reason_t why;
+    cJSON *j = cJSON_Parse("{\"model_name\":\"m\",\"kv_rank\":1,\"kv_rank\":1,"
+                           "\"chunk_hash_hex\":\"ab\"}");
+    cr_assert_eq(json_to_key(j, &k, &why), KVIDX_EKEY);
+    cr_assert_str_eq(why.field, "key");
+    cr_assert_not_null(strstr(why.rule, "repeated member"), "%s", why.rule);
+    cr_assert_null(strstr(why.rule, "unknown"), "%s", why.rule);
+    cJSON_Delete(j);
+    j = cJSON_Parse("{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash\":\"ab\"}");
+    cr_assert_eq(json_to_key(j, &k, &why), KVIDX_EKEY);
+    cr_assert_not_null(strstr(why.rule, "unknown member"), "%s", why.rule);
+    cJSON_Delete(j);
+    /* Unknown and repeated together: the unknown one is named first. */
+    j = cJSON_Parse("{\"model_name\":\"m\",\"model_name\":\"m\",\"kv_rank\":1,\"x\":1,"
+                    "\"chunk_hash_hex\":\"ab\"}");
+    cr_assert_eq(json_to_key(j, &k, &why), KVIDX_EKEY);
+    cr_assert_not_null(strstr(why.rule, "unknown member"), "%s", why.rule);
+    cJSON_Delete(j);
+}
