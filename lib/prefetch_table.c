@@ -636,6 +636,11 @@ int kvidx_pft_extend(kvidx_pft_t *t, kvidx_pft_handle_t *h, uint64_t now, uint64
     return 0;
 }
 
+void kvidx_pft_refresh(const kvidx_pft_t *t, kvidx_pft_handle_t *h)
+{
+    kvidx_pfh_refresh(&h->pfh, t->idx);
+}
+
 int kvidx_pft_next_deadline(const kvidx_pft_t *t, uint64_t *at)
 {
     if (!t->heap_n)

@@ -172,6 +172,10 @@ int kvidx_pft_release(kvidx_pft_t *t, kvidx_pft_handle_t *h, uint64_t now, const
  * for a released handle, KVIDX_EHANDLEEXPIRED for an expired one. */
 int kvidx_pft_extend(kvidx_pft_t *t, kvidx_pft_handle_t *h, uint64_t now, uint64_t lease_ms);
 
+/* kvidx_pfh_refresh of h's ledger on the table's index: pins whose copy
+ * was force-deleted are counted as lost. */
+void kvidx_pft_refresh(const kvidx_pft_t *t, kvidx_pft_handle_t *h);
+
 /* The earliest time at which kvidx_pft_advance has something to do: 0 with
  * *at, or KVIDX_ENOTFOUND when nothing waits for a time. */
 int kvidx_pft_next_deadline(const kvidx_pft_t *t, uint64_t *at);

@@ -1,7 +1,7 @@
 /*
  * POST /v1/lookup, prefetch handles and loads, driven through the router
  * with fake requests and a real uv loop (no socket): the worked examples
- * of SPEC §4.1 and §4.3, single-flight loads, releases, leases, WARM, the
+ * of LOOKUP (key form) and of the ipc form, single-flight loads, releases, leases, WARM, the
  * external loader, and the rule that lookups change nothing.
  */
 #include <criterion/criterion.h>
@@ -190,7 +190,7 @@ static void put(const char *tier, const int *ids, size_t n)
     cr_assert_eq(req("PUT", "/v1/keys", body, NULL), 200);
 }
 
-/* SPEC §4.1's example: L1 holds 0,1,3; L2 holds 2,3,4; 5 is nowhere. */
+/* The worked example: L1 holds 0,1,3; L2 holds 2,3,4; 5 is nowhere. */
 static void example(void)
 {
     static const int l1[] = {0, 1, 3}, l2[] = {2, 3, 4};
@@ -407,7 +407,8 @@ Test(lookup, bad_input)
     /* The name says which field of keys[1] is wrong; keys[3] is wrong as a whole. */
     cr_assert_str_eq(str(cJSON_GetArrayItem(ip, 0), "name"), "keys[1].chunk_hash_hex");
     cr_assert_str_eq(str(cJSON_GetArrayItem(ip, 1), "name"), "keys[3]");
-    cr_assert_str_eq(str(j, "code"), "invalid_key", "SPEC 1.1: bad keys are invalid_key");
+    cr_assert_str_eq(str(j, "code"), "invalid_key",
+                     "a key that breaks the key rules is invalid_key");
     cJSON_Delete(j);
     static const char *bad[] = {
         "{\"keys\":[],\"bogus\":1}",
@@ -691,7 +692,7 @@ Test(prefetch_cfg, extend_moves_the_expiry)
     snprintf(path, sizeof(path), "/v1/prefetches/%d/extend", id);
     cr_assert_eq(req("POST", path, "{\"lease_ms\":0}", NULL), 400);
     cr_assert_eq(req("POST", path, "{\"lease_ms\":1.5}", NULL), 400);
-    /* A longer lease than max_lease_ms is cut to it (SPEC 3.4: bounded). */
+    /* A longer lease than max_lease_ms is cut to it: leases are bounded. */
     cJSON *j = NULL;
     uint64_t before = app_wall_ms();
     cr_assert_eq(req("POST", path, "{\"lease_ms\":99999999}", &j), 200);
