@@ -34,7 +34,9 @@ What is checked:
   nothing; stale *.tmp files are removed at start;
 * a journal generation at the end of its range, or a snapshot claiming to
   cover journals it cannot have been written with, refuses to start and
-  deletes nothing; a snapshot alone in an empty data_dir is used.
+  deletes nothing; a snapshot alone in an empty data_dir is used;
+* a FIFO or a directory named like a journal, the snapshot or the secret
+  refuses to start at once (never hangs).
 
 Each test uses its own temporary data_dir; every daemon started is killed in
 cleanup. Random choices print their seed (KVIDX_TEST_SEED reproduces).
@@ -1492,7 +1494,7 @@ class SingleInstance(PersistenceBase):
 class Untrusted(PersistenceBase):
     """Files named like the daemon's but holding what it never writes: a
     generation at the end of its range, a snapshot that claims to cover
-    journals it cannot have seen."""
+    journals it cannot have seen, FIFOs."""
 
     base_settings = {"fsync": "always", "snapshot_journal_bytes": "1GiB"}
 
@@ -1591,6 +1593,41 @@ class Untrusted(PersistenceBase):
         self.assert_present(d, [key(i, "alone") for i in range(1, 5)])
         self.assert_absent(d, [key(0, "alone")])
         self.stop(d)
+
+    # -- files that are not regular files -----------------------------------
+    def fifo_refuses(self, name):
+        dd, live, gone = self.populated()
+        path = os.path.join(dd, name)
+        if os.path.exists(path):
+            os.unlink(path)
+        os.mkfifo(path, 0o600)
+        log = self.assert_refuses(dd, name, r"(?i)not a regular file", timeout=15.0)
+        self.assertTrue(stat.S_ISFIFO(os.stat(path).st_mode), "the FIFO was replaced")
+        return log
+
+    def test_fifo_named_like_a_journal_refuses_without_hanging(self):
+        dd, live, gone = self.populated()
+        newest = int(JOURNAL_RE.match(os.path.basename(newest_journal(dd))).group(1), 16)
+        name = "journal-%016x.kvj" % (newest + 1)
+        os.mkfifo(os.path.join(dd, name), 0o600)
+        self.assert_refuses(dd, name, r"(?i)not a regular file", timeout=15.0)
+
+    def test_fifo_named_like_the_snapshot_refuses_without_hanging(self):
+        self.fifo_refuses(SNAPSHOT)
+
+    def test_fifo_named_like_the_secret_refuses_without_hanging(self):
+        self.fifo_refuses(SECRET)
+
+    def test_fifo_named_like_the_lock_refuses_without_hanging(self):
+        self.fifo_refuses("lock")
+
+    def test_directory_named_like_a_journal_refuses(self):
+        dd, live, gone = self.populated()
+        newest = int(JOURNAL_RE.match(os.path.basename(newest_journal(dd))).group(1), 16)
+        name = "journal-%016x.kvj" % (newest + 1)
+        os.mkdir(os.path.join(dd, name))
+        self.assert_refuses(dd, name, r"(?i)not a regular file")
+        self.assertTrue(os.path.isdir(os.path.join(dd, name)))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@
  * Invariants: a file is only ever created under a temporary name and
  * renamed into place after it is complete and fsynced, followed by an
  * fsync of the directory, so a crash leaves either the old file or the
- * new one (and a *.tmp that the next start removes). The helpers log
- * nothing; their callers decide what a failure means.
+ * new one (and a *.tmp that the next start removes). Nothing here opens
+ * a file in a way that can block: a FIFO, directory or device named like
+ * one of ours is refused, not waited on. The helpers log nothing; their
+ * callers decide what a failure means.
  */
 #include "state/persist/persist_int.h"
 
@@ -83,37 +85,83 @@ int write_all(int fd, const void *data, size_t n, const char *path, struct why *
     return 0;
 }
 
-int file_read(const char *path, uint8_t **out, size_t *len, struct why *w)
+static const char *file_kind(mode_t m)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return why_errno(w, "open", path);
+    if (S_ISFIFO(m))
+        return "a FIFO";
+    if (S_ISDIR(m))
+        return "a directory";
+    if (S_ISSOCK(m))
+        return "a socket";
+    if (S_ISCHR(m) || S_ISBLK(m))
+        return "a device";
+    return "not a plain file";
+}
+
+int file_check_regular(int fd, const char *path, size_t *size, struct why *w)
+{
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int rc = why_errno(w, "stat", path);
-        close(fd);
+    if (fstat(fd, &st) != 0)
+        return why_errno(w, "stat", path);
+    if (!S_ISREG(st.st_mode)) {
+        if (w)
+            snprintf(w->msg, sizeof(w->msg), "%s is not a regular file (it is %s)", path,
+                     file_kind(st.st_mode));
+        return KVIDX_EINVAL;
+    }
+    if (size)
+        *size = (size_t)st.st_size;
+    return 0;
+}
+
+int file_open_regular(const char *path, int *fd, size_t *size, struct why *w)
+{
+    /* O_NONBLOCK: open() of a FIFO with no writer waits for one forever;
+     * for a regular file the flag changes nothing. */
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (f < 0)
+        return why_errno(w, "open", path);
+    int rc = file_check_regular(f, path, size, w);
+    if (rc != 0) {
+        close(f);
         return rc;
     }
-    size_t n = (size_t)st.st_size;
+    *fd = f;
+    return 0;
+}
+
+int file_read(const char *path, uint8_t **out, size_t *len, struct why *w)
+{
+    int fd = -1;
+    size_t n = 0;
+    int rc = file_open_regular(path, &fd, &n, w);
+    if (rc != 0)
+        return rc;
     uint8_t *b = malloc(n ? n : 1);
     if (!b) {
-        close(fd);
         errno = ENOMEM;
-        return why_errno(w, "allocate memory to read", path);
+        rc = why_errno(w, "allocate memory to read", path);
+        goto out;
     }
     size_t got = 0;
     while (got < n) {
         ssize_t r = read(fd, b + got, n - got);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r <= 0)
+        if (r < 0) {
+            rc = why_errno(w, "read", path);
+            free(b);
+            goto out;
+        }
+        if (r == 0) /* it shrank since fstat: what is there is what was read */
             break;
         got += (size_t)r;
     }
-    close(fd);
     *out = b;
     *len = got;
-    return 0;
+out:
+    close(fd);
+    return rc;
 }
 
 int write_atomic(const char *dir, const char *name, const void *data, size_t n, mode_t mode,

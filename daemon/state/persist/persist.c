@@ -125,9 +125,16 @@ static int lock_dir(struct persist *p)
 {
     char path[PATHN];
     path_of(p->dir, LOCK_FILE, path, sizeof(path));
-    p->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    /* O_NONBLOCK and the check: a FIFO in its place must not hang the
+     * start (nor serve as the lock). */
+    p->lock_fd = open(path, O_RDWR | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0600);
     if (p->lock_fd < 0) {
         log_error("refusing to start: cannot open %s: %s", path, strerror(errno));
+        return KVIDX_EINTERNAL;
+    }
+    struct why w;
+    if (file_check_regular(p->lock_fd, path, NULL, &w) != 0) {
+        log_error("refusing to start: %s", w.msg);
         return KVIDX_EINTERNAL;
     }
     if (flock(p->lock_fd, LOCK_EX | LOCK_NB) != 0) {

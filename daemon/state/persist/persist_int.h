@@ -149,7 +149,16 @@ int journal_name_parse(const char *name, uint64_t *gen);
 int fsync_dir(const char *dir, struct why *w);
 /* write()s all n bytes, retrying short writes and EINTR. */
 int write_all(int fd, const void *data, size_t n, const char *path, struct why *w);
-/* Reads a whole file into *out (malloc'd; the caller frees it). */
+/* KVIDX_EINVAL unless the open fd is a regular file; *size (when not
+ * NULL) gets its size. */
+int file_check_regular(int fd, const char *path, size_t *size, struct why *w);
+/* Opens path read-only without ever blocking (open() of a FIFO would wait
+ * for a writer), and only when it is a regular file: 0 and *fd, *size;
+ * KVIDX_ENOTFOUND when it does not exist; KVIDX_EINVAL when it is not a
+ * regular file; KVIDX_ESTORAGE. */
+int file_open_regular(const char *path, int *fd, size_t *size, struct why *w);
+/* Reads a whole regular file into *out (malloc'd; the caller frees it).
+ * Errors as file_open_regular, and KVIDX_ENOMEM. */
 int file_read(const char *path, uint8_t **out, size_t *len, struct why *w);
 /* Writes dir/name atomically: name.tmp (mode, O_EXCL), fsync, rename,
  * fsync of dir. */

@@ -205,20 +205,19 @@ static int map_file(const char *path, const uint8_t **data, size_t *len, const c
 {
     *data = NULL;
     *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT)
-            return 1;
+    int fd = -1;
+    size_t n = 0;
+    int rc = file_open_regular(path, &fd, &n, NULL);
+    if (rc == KVIDX_ENOTFOUND)
+        return 1;
+    if (rc == KVIDX_EINVAL) {
+        *why = "it is not a regular file (a FIFO, a directory or a device)";
+        return KVIDX_EINTERNAL;
+    }
+    if (rc != 0) {
         *why = strerror(errno);
         return KVIDX_EINTERNAL;
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        *why = strerror(errno);
-        close(fd);
-        return KVIDX_EINTERNAL;
-    }
-    size_t n = (size_t)st.st_size;
     if (n) {
         void *m = mmap(NULL, n, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
         if (m == MAP_FAILED) {
