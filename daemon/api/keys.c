@@ -289,7 +289,8 @@ out:
 }
 
 /* Parses the {canonical} path parameter. 0, or answers 400 and returns
- * KVIDX_EKEY. */
+ * KVIDX_EKEY. The parameter may hold NUL bytes (the route's '#'): the
+ * parser takes its length and rejects them like any forbidden byte. */
 static int path_key(const struct request *req, struct response *res, kvidx_key_t *k)
 {
     kvidx_reason_t why;
@@ -563,8 +564,9 @@ const struct route key_routes[] = {
     {M_PUT, "/v1/keys", keys_put, "keys_put"},
     {M_DELETE, "/v1/keys", keys_delete, "keys_delete"},
     {M_GET, "/v1/keys", keys_list, "keys_list"},
-    {M_GET, "/v1/keys/*", key_get, "key_get"},
-    {M_PUT, "/v1/keys/*", key_put, "key_put"},
-    {M_DELETE, "/v1/keys/*", key_delete, "key_delete"},
+    /* '#': an encoded NUL reaches path_key, which answers invalid_key. */
+    {M_GET, "/v1/keys/#", key_get, "key_get"},
+    {M_PUT, "/v1/keys/#", key_put, "key_put"},
+    {M_DELETE, "/v1/keys/#", key_delete, "key_delete"},
     {0, NULL, NULL, NULL},
 };

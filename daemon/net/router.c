@@ -11,7 +11,9 @@
  *   - a PUT/POST with a non-empty body must say Content-Type
  *     application/json (parameters allowed) → else 415;
  *   - the '*' part of a pattern is percent-decoded into req->scratch and
- *     exposed as route_param; a bad escape or an encoded NUL → 400.
+ *     exposed as route_param; a bad escape or an encoded NUL → 400. A '#'
+ *     matches like '*' but hands an encoded NUL to the handler, which
+ *     judges the parameter by its length (and answers in its own terms).
  */
 #include "net/router.h"
 
@@ -35,7 +37,7 @@ static const char *const method_names[M_COUNT] = {"GET", "HEAD", "PUT", "POST", 
 static int match(const char *pattern, const char *path, size_t path_len, const char **wild,
                  size_t *wild_len)
 {
-    const char *star = strchr(pattern, '*');
+    const char *star = strpbrk(pattern, "*#");
     *wild = NULL;
     *wild_len = 0;
     if (!star)
@@ -132,8 +134,9 @@ int router_dispatch(struct request *req, struct response *res, const char **rout
         size_t n = 0;
         if (!req->scratch || req->scratch_cap < wild_len + 1)
             return res_problem(res, KVIDX_EINTERNAL, "No room to decode the path.", NULL, 0);
+        int nul_ok = strchr(found->pattern, '#') != NULL;
         if (pct_decode(wild, wild_len, req->scratch, req->scratch_cap, &n, 0) < 0 ||
-            memchr(req->scratch, '\0', n))
+            (!nul_ok && memchr(req->scratch, '\0', n)))
             return res_problem(res, KVIDX_EINVAL, "Bad percent-encoding in the path.", NULL, 0);
         req->route_param = req->scratch;
         req->route_param_len = n;

@@ -2,6 +2,9 @@
  * Method + path table → handler. A pattern is a literal path, optionally
  * with one '*' that matches one or more bytes (percent-decoded into
  * req->route_param; for "/v1/keys/{canonical}" the rest of the path, '/' included).
+ * An encoded NUL there is refused with 400 invalid_argument, unless the
+ * wildcard is written '#': then route_param may hold NUL bytes and the
+ * handler judges it by route_param_len.
  * Unknown path → 404 not_found; known path, other method → 405 with Allow.
  */
 #ifndef KVIDXD_ROUTER_H
@@ -13,7 +16,7 @@ typedef int (*handler_fn)(const struct request *req, struct response *res);
 
 struct route {
     enum http_method method;
-    const char *pattern; /* "/v1/keys/ *" without the space */
+    const char *pattern; /* "/v1/layouts", "/v1/prefetches/ *" without the space */
     handler_fn fn;
     const char *name; /* metrics label, e.g. "keys_get" */
 };

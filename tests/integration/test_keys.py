@@ -509,6 +509,25 @@ class GetKeyTest(Base):
                 r = self.d.request("GET", "/v1/keys/" + c)
                 self.assert_problem(r, 400, "invalid_key")
 
+    def test_encoded_nul_in_the_key_is_invalid_key(self):
+        # %00 decodes to a NUL, which no key field may hold: the key is
+        # invalid (not the generic invalid_argument of a bad escape), and a
+        # key it would be cut to is never touched
+        k = key("nulpath", 0, "ab", salt="s")
+        self.put_ok([{"key": k, "size_bytes": 3}])
+        for c in ("nulpath%00x@00000000@0@ab@s", "nulpath@00000000@0@ab@s%00",
+                  "nulpath@00000000@0@ab%00cd@s", "nulpath@00000000@0@ab@s%00@t",
+                  "%00@00000000@0@ab"):
+            for method, body in (("GET", None), ("PUT", {"size_bytes": 9}), ("DELETE", None)):
+                with self.subTest(c, method=method):
+                    r = self.d.request(method, "/v1/keys/" + c, body)
+                    j = self.assert_problem(r, 400, "invalid_key")
+                    self.assertTrue(j.get("invalid_params"), j)
+        self.assertEqual(self.info(k)["size_bytes"], 3)
+        # a bad escape stays the router's invalid_argument
+        self.assert_problem(self.d.request("GET", "/v1/keys/nulpath%zz@00000000@0@ab"), 400,
+                            "invalid_argument")
+
     def test_single_put(self):
         k = key("single/put", 0x01000100, "beef", group=2, salt="z")
         r = self.d.request("PUT", path_of(k), {"size_bytes": 77, "tier": "l1"})
