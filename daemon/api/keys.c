@@ -288,6 +288,71 @@ out:
     return persist_ack(req, res);
 }
 
+/* 1 when the n bytes at v are the text lit (a query value may hold a NUL). */
+static int is_text(const char *v, size_t n, const char *lit)
+{
+    return strlen(lit) == n && memcmp(v, lit, n) == 0;
+}
+
+/* Checks the query of a single-key route: only the names in known (a
+ * NULL-terminated list, fewer than 32), each at most once; names are
+ * compared raw, as query_get finds them. Empty pairs are skipped, as in the
+ * listing. 0, or answers 400 invalid_argument naming the parameter (an
+ * unknown name is quoted when it is short and plain, else called "query")
+ * and returns KVIDX_EINVAL. */
+static int check_query(const struct request *req, struct response *res, const char *const *known,
+                       const char *unknown_reason)
+{
+    const char *q = req->query ? req->query : "";
+    size_t n = req->query ? req->query_len : 0;
+    unsigned seen = 0;
+    for (size_t i = 0; i < n;) {
+        size_t start = i;
+        while (i < n && q[i] != '&')
+            i++;
+        size_t end = i;
+        if (i < n)
+            i++;
+        size_t eq = start;
+        while (eq < end && q[eq] != '=')
+            eq++;
+        if (end == start)
+            continue;
+        size_t k = 0;
+        while (known[k] && !is_text(q + start, eq - start, known[k]))
+            k++;
+        if (known[k] && !(seen & (1u << k))) {
+            seen |= 1u << k;
+            continue;
+        }
+        char name[33] = "query";
+        struct invalid_param p = {name, "must not be given more than once"};
+        if (known[k]) {
+            snprintf(name, sizeof(name), "%s", known[k]);
+        } else {
+            /* The name is request bytes: echoed only when short and made of
+             * characters that need no escaping anywhere. */
+            size_t len = eq - start, j = 0;
+            for (; j < len && len < sizeof(name); j++) {
+                char c = q[start + j];
+                if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '_' || c == '-' || c == '.' || c == '~'))
+                    break;
+            }
+            if (len > 0 && j == len && len < sizeof(name)) {
+                memcpy(name, q + start, len);
+                name[len] = '\0';
+            }
+            p.reason = unknown_reason;
+        }
+        res_problem(res, KVIDX_EINVAL, "invalid query parameter", &p, 1);
+        return KVIDX_EINVAL;
+    }
+    return 0;
+}
+
+static const char *const no_params[] = {NULL};
+
 /* Parses the {canonical} path parameter. 0, or answers 400 and returns
  * KVIDX_EKEY. The parameter may hold NUL bytes (the route's '#'): the
  * parser takes its length and rejects them like any forbidden byte. */
@@ -326,11 +391,12 @@ static void write_entry_state(struct jw *w, const kvidx_entry_info_t *info)
     jw_bool(w, info->l2);
 }
 
-/* GET /v1/keys/{canonical} */
+/* GET /v1/keys/{canonical} (no query parameters) */
 static int key_get(const struct request *req, struct response *res)
 {
     kvidx_key_t k;
-    if (path_key(req, res, &k) != 0)
+    if (path_key(req, res, &k) != 0 ||
+        check_query(req, res, no_params, "this route takes no query parameters") != 0)
         return 0;
     kvidx_ref_t ref;
     kvidx_entry_info_t info;
@@ -350,14 +416,17 @@ static int key_get(const struct request *req, struct response *res)
     return 0;
 }
 
-/* PUT /v1/keys/{canonical} {"size_bytes", "tier"} */
+/* PUT /v1/keys/{canonical} {"size_bytes", "tier"} (no query parameters) */
 static int key_put(const struct request *req, struct response *res)
 {
     if (persist_refuse(req, res))
         return 0;
     static const char *const names[] = {"size_bytes", "tier", NULL};
     kvidx_key_t k;
-    if (path_key(req, res, &k) != 0)
+    if (path_key(req, res, &k) != 0 ||
+        check_query(req, res, no_params,
+                    "this route takes no query parameters (size_bytes and tier go in the body)") !=
+            0)
         return 0;
     cJSON *body;
     if (json_parse_body(req, res, &body) != 0)
@@ -410,24 +479,27 @@ static int key_delete(const struct request *req, struct response *res)
 {
     if (persist_refuse(req, res))
         return 0;
+    static const char *const params[] = {"tier", "force", NULL};
     kvidx_key_t k;
-    if (path_key(req, res, &k) != 0)
+    if (path_key(req, res, &k) != 0 ||
+        check_query(req, res, params, "unknown parameter (known: tier, force)") != 0)
         return 0;
     char v[8];
     size_t vn = 0;
     kvidx_tier_t tier = KVIDX_TIER_ALL;
     int force = 0;
+    /* Values are compared with their length: "l1%00x" is no "l1". */
     int rc = query_get(req->query, "tier", v, sizeof(v), &vn);
-    if (rc == 1 && strcmp(v, "l1") == 0)
+    if (rc == 1 && is_text(v, vn, "l1"))
         tier = KVIDX_TIER_L1;
-    else if (rc == 1 && strcmp(v, "l2") == 0)
+    else if (rc == 1 && is_text(v, vn, "l2"))
         tier = KVIDX_TIER_L2;
-    else if (rc != 0 && !(rc == 1 && strcmp(v, "all") == 0))
+    else if (rc != 0 && !(rc == 1 && is_text(v, vn, "all")))
         return res_problem(res, KVIDX_EINVAL, "tier must be l1, l2 or all", NULL, 0);
     rc = query_get(req->query, "force", v, sizeof(v), &vn);
-    if (rc == 1 && (strcmp(v, "true") == 0 || strcmp(v, "1") == 0))
+    if (rc == 1 && (is_text(v, vn, "true") || is_text(v, vn, "1")))
         force = 1;
-    else if (rc != 0 && !(rc == 1 && (strcmp(v, "false") == 0 || strcmp(v, "0") == 0)))
+    else if (rc != 0 && !(rc == 1 && (is_text(v, vn, "false") || is_text(v, vn, "0"))))
         return res_problem(res, KVIDX_EINVAL, "force must be true or false", NULL, 0);
 
     kvidx_index_t *idx = ks_of(req)->idx;

@@ -564,6 +564,45 @@ class GetKeyTest(Base):
         r = self.d.request("DELETE", "/v1/keys/m@zz@0@ab")
         self.assert_problem(r, 400, "invalid_key")
 
+    def test_single_key_query_parameters(self):
+        # DELETE takes tier and force, each at most once; GET and PUT take
+        # none. Anything else is 400 invalid_argument naming the parameter:
+        # a typo such as forse=true must not run a non-forced delete
+        k = key("single/query", 0, "ab")
+        self.put_ok([{"key": k, "size_bytes": 1}], tier="l1")
+        self.put_ok([{"key": k, "size_bytes": 1}], tier="l2")
+        cases = [("DELETE", "forse=true", "forse"), ("DELETE", "tier=l1&tier=l2", "tier"),
+                 ("DELETE", "force=true&force=false", "force"), ("DELETE", "tier=l1&x", "x"),
+                 ("DELETE", "Tier=l1", "Tier"), ("DELETE", "t%69er=l1", "query"),
+                 ("DELETE", "a%22b=1", "query"), ("DELETE", "n" * 40 + "=1", "query"),
+                 ("GET", "tier=l1", "tier"), ("GET", "x=1", "x"), ("HEAD", "x=1", None),
+                 ("PUT", "tier=l1", "tier"), ("PUT", "size_bytes=5", "size_bytes")]
+        for method, query, name in cases:
+            with self.subTest(method=method, query=query):
+                body = {"size_bytes": 9} if method == "PUT" else None
+                r = self.d.request(method, path_of(k) + "?" + query, body)
+                if method == "HEAD":
+                    self.assertEqual(r.status, 400, r)
+                    continue
+                j = self.assert_problem(r, 400, "invalid_argument")
+                self.assertEqual([p["name"] for p in j["invalid_params"]], [name], j)
+        j = self.info(k)
+        self.assertEqual(j["size_bytes"], 1, "nothing was stored")
+        self.assertIsNotNone(j["l1"], "nothing was deleted")
+        self.assertIs(j["l2"], True)
+        # a value is compared whole: l1%00x is no tier l1
+        for query in ("tier=l1%00x", "tier=l1%00", "force=true%00", "tier=", "force="):
+            with self.subTest(query=query):
+                r = self.d.request("DELETE", path_of(k) + "?" + query)
+                self.assert_problem(r, 400, "invalid_argument")
+        self.assertIsNotNone(self.info(k)["l1"])
+        # empty pairs are nothing, as in the listing
+        self.assertEqual(self.d.request("GET", path_of(k) + "?").status, 200)
+        self.assertEqual(self.d.request("GET", path_of(k) + "?&&").status, 200)
+        r = self.d.request("DELETE", path_of(k) + "?&tier=l1&&force=false&")
+        self.assertEqual(r.status, 204, r)
+        self.assertIsNone(self.info(k)["l1"])
+
     def test_single_delete_tier_l1(self):
         k = key("single/del-l1", 0, "ab")
         self.put_ok([{"key": k, "size_bytes": 1}])
