@@ -22,6 +22,7 @@
 #include "kvidx/list_query.h"
 
 #include <sodium.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -80,6 +81,49 @@ static int layout_size_for(const struct request *req, const kvidx_key_t *k, uint
 {
     return layouts_size(req->app->layouts, k->model, k->model_len,
                         kvidx_rank_world_size(k->kv_rank), size);
+}
+
+/* Counts the distinct keys of a batch (n keys at base + i * stride) and,
+ * when dup is not NULL, sets dup[i] to 1 for each key equal to an earlier
+ * one, else 0. The table is keyed by the index's SipHash, so a batch
+ * crafted to collide costs no more than any other. Returns the count, or
+ * SIZE_MAX when out of memory. */
+static size_t count_distinct(const kvidx_index_t *idx, const void *base, size_t stride, size_t n,
+                             uint8_t *dup)
+{
+    if (dup)
+        memset(dup, 0, n);
+    if (n < 2)
+        return n;
+    if (n > UINT32_MAX / 4)
+        return SIZE_MAX;
+    size_t cap = 8;
+    while (cap < 2 * n)
+        cap *= 2;
+    uint32_t *slot = calloc(cap, sizeof(*slot)); /* 1 + index of a key, 0 when empty */
+    if (!slot)
+        return SIZE_MAX;
+    size_t distinct = 0;
+    for (size_t i = 0; i < n; i++) {
+        const kvidx_key_t *k = (const kvidx_key_t *)((const char *)base + i * stride);
+        for (size_t h = (size_t)kvidx_index_key_hash64(idx, k) & (cap - 1);;
+             h = (h + 1) & (cap - 1)) {
+            if (!slot[h]) {
+                slot[h] = (uint32_t)(i + 1);
+                distinct++;
+                break;
+            }
+            const kvidx_key_t *o =
+                (const kvidx_key_t *)((const char *)base + (slot[h] - 1) * stride);
+            if (kvidx_key_equal(o, k)) {
+                if (dup)
+                    dup[i] = 1;
+                break;
+            }
+        }
+    }
+    free(slot);
+    return distinct;
 }
 
 static int answer_put_error(struct response *res, int rc, size_t conflict, size_t n)
@@ -185,13 +229,20 @@ static int keys_put(const struct request *req, struct response *res)
             goto out;
         }
     }
+    /* A key named twice is stored once (its last position and size win):
+     * "stored" counts keys, not entries. */
+    size_t distinct = count_distinct(ks_of(req)->idx, &items[0].key, sizeof(*items), n, NULL);
+    if (distinct == SIZE_MAX) {
+        res_problem(res, KVIDX_ENOMEM, "out of memory; nothing was stored", NULL, 0);
+        goto out;
+    }
     size_t conflict = 0;
     int rc = kvidx_index_put_batch(ks_of(req)->idx, tier, items, n, &conflict);
     if (rc != 0) {
         answer_put_error(res, rc, conflict, n);
         goto out;
     }
-    buf_printf(&res->body, "{\"stored\":%zu}", n);
+    buf_printf(&res->body, "{\"stored\":%zu}", distinct);
     res_json(res, 200);
     goto out;
 
@@ -218,6 +269,7 @@ static int keys_delete(const struct request *req, struct response *res)
     struct param_errors pe;
     param_errors_init(&pe);
     kvidx_key_t *keys = NULL;
+    uint8_t *dup = NULL;
     int key_errors = 0;
     kvidx_tier_t tier = KVIDX_TIER_ALL;
     int force = 0;
@@ -265,8 +317,17 @@ static int keys_delete(const struct request *req, struct response *res)
     }
     if (pe.n)
         goto invalid;
+    /* A key named twice is deleted and counted once, by what happened to
+     * it: the counts add up to the number of distinct keys. */
+    dup = malloc(n ? n : 1);
+    if (!dup || count_distinct(ks_of(req)->idx, keys, sizeof(*keys), n, dup) == SIZE_MAX) {
+        res_problem(res, KVIDX_ENOMEM, "out of memory; nothing was deleted", NULL, 0);
+        goto out;
+    }
     uint64_t counts[3] = {0, 0, 0};
     for (i = 0; i < n; i++) {
+        if (dup[i])
+            continue;
         kvidx_del_outcome_t o = KVIDX_DEL_NOT_FOUND;
         kvidx_index_delete(ks_of(req)->idx, &keys[i], tier, force, &o);
         counts[o]++;
@@ -282,6 +343,7 @@ invalid:
     param_errors_respond(&pe, res, key_errors ? KVIDX_EKEY : KVIDX_EINVAL,
                          "invalid request; nothing was deleted");
 out:
+    free(dup);
     free(keys);
     param_errors_free(&pe);
     cJSON_Delete(body);

@@ -145,6 +145,21 @@ class PutTest(Base):
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.json(), {"stored": 0})
 
+    def test_key_named_twice_is_stored_and_counted_once(self):
+        a, b = key("twice", 0, "ab"), key("twice", 0, "cd")
+        # the same key in other spellings: hash case, defaults spelt out
+        a2 = dict(a, chunk_hash_hex="AB", object_group_id=0, cache_salt="")
+        r = self.put([{"key": a, "size_bytes": 5}, {"key": a2, "size_bytes": 5}])
+        self.assertEqual(r.json(), {"stored": 1}, r)
+        # the last size wins, as for two PUTs one after the other
+        r = self.put([{"key": a, "size_bytes": 5}, {"key": b, "size_bytes": 6},
+                      {"key": a2, "size_bytes": 9}])
+        self.assertEqual(r.json(), {"stored": 2}, r)
+        self.assertEqual(self.info(a)["size_bytes"], 9)
+        self.assertEqual(self.info(b)["size_bytes"], 6)
+        r = self.d.request("GET", "/v1/keys?model_name=twice")
+        self.assertEqual([e["size_bytes"] for e in r.json()["entries"]], [9, 6])
+
     def test_all_or_nothing_lists_every_bad_index(self):
         good = [key("aon", 0, "%02x" % i) for i in range(5)]
         entries = [{"key": k, "size_bytes": 100} for k in good]
@@ -632,6 +647,22 @@ class DeleteBatchTest(Base):
         self.assert_absent(ks[2])
         self.assertEqual(self.get(ks[1]).status, 200)
 
+    def test_key_named_twice_counts_once(self):
+        # each key is counted once, by what happened to it: a key named
+        # twice and deleted is one deleted key, not one deleted and one not
+        # found
+        a, b = key("del-twice", 0, "01"), key("del-twice", 0, "02")
+        self.put_ok([{"key": a, "size_bytes": 1}, {"key": b, "size_bytes": 1}])
+        absent = key("del-twice", 0, "ff")
+        a2 = dict(a, chunk_hash_hex="01", object_group_id=0, cache_salt="")
+        r = self.delete([a, absent, a2, absent, b])
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json(), {"deleted": 2, "not_found": 1, "skipped_pinned": 0})
+        self.assert_absent(a)
+        self.assert_absent(b)
+        r = self.delete([a, a])
+        self.assertEqual(r.json(), {"deleted": 0, "not_found": 1, "skipped_pinned": 0})
+
     def test_tier_l1_only(self):
         both = key("del-l1", 0, "01")
         only_l1 = key("del-l1", 0, "02")
@@ -803,6 +834,8 @@ class PinnedTest(Base):
         self.assertEqual(r.json()["skipped_pinned"], 1, r)
         j = self.info(p)
         self.assertEqual(j["l1"]["pins"], 1)
+        r = self.delete([p, p])
+        self.assertEqual(r.json(), {"deleted": 0, "not_found": 0, "skipped_pinned": 1}, r)
         r = self.delete([p], force=True)
         self.assertEqual(r.json(), {"deleted": 1, "not_found": 0, "skipped_pinned": 0})
         self.assert_absent(p)
