@@ -134,6 +134,7 @@ static int h_limits(const struct request *req, struct response *res)
         uint64_t value;
     } rows[] = {
         {"max_body_bytes", c->max_body_bytes},
+        {"max_total_body_bytes", c->max_total_body_bytes},
         {"max_keys_per_request", c->max_keys_per_request},
         {"max_header_bytes", c->max_header_bytes},
         {"max_uri_bytes", c->max_uri_bytes},

@@ -67,12 +67,21 @@ struct pending *conn_pending_new(struct conn *c)
     return p;
 }
 
+void conn_pending_drop_body(struct pending *p)
+{
+    p->conn->budget->body_bytes -= p->body_charged;
+    p->body_charged = 0;
+    buf_free(&p->body);
+    p->req.body = "";
+    p->req.body_len = 0;
+}
+
 void conn_pending_free(struct pending *p)
 {
+    conn_pending_drop_body(p);
     buf_free(&p->url);
     buf_free(&p->ct);
     buf_free(&p->auth);
-    buf_free(&p->body);
     buf_free(&p->res.body);
     free(p);
 }
@@ -152,6 +161,10 @@ void conn_queue_error(struct conn *c, int err, const char *detail)
      * here is for CONNECT, whose target is no resource: none. */
     if (err == KVIDX_EMETHOD)
         res_header(&p->res, "Allow", "");
+    /* Refusals for load (too many connections, too many bodies held) pass
+     * soon: say when to try again. */
+    if (err == KVIDX_ECONNLIMIT)
+        res_header(&p->res, "Retry-After", "1");
     p->res.close = 1;
     p->res.done = 1;
     conn_enqueue(c, p);
@@ -550,12 +563,13 @@ static void on_res_complete(struct response *res)
 /* ---------------------------------------------------------------------- */
 /* Construction                                                            */
 
-static struct conn *alloc_conn(struct app *app)
+static struct conn *alloc_conn(struct app *app, struct conn_budget *budget)
 {
     struct conn *c = calloc(1, sizeof(*c));
     if (!c)
         return NULL;
     c->app = app;
+    c->budget = budget ? budget : &c->own_budget;
     c->node.conn = c;
     buf_init(&c->out);
     buf_init(&c->wbuf);
@@ -567,7 +581,7 @@ static struct conn *alloc_conn(struct app *app)
 
 struct conn *conn_new(struct app *app, const struct conn_host *host)
 {
-    struct conn *c = alloc_conn(app);
+    struct conn *c = alloc_conn(app, host->budget);
     if (!c)
         return NULL;
     c->host = *host;
@@ -615,12 +629,17 @@ void conn_drain(struct conn *c)
     pump(c);
 }
 
-struct conn *conn_new_test(struct app *app)
+struct conn *conn_new_test_shared(struct app *app, struct conn_budget *budget)
 {
-    struct conn *c = alloc_conn(app);
+    struct conn *c = alloc_conn(app, budget);
     if (c)
         c->test = 1;
     return c;
+}
+
+struct conn *conn_new_test(struct app *app)
+{
+    return conn_new_test_shared(app, NULL);
 }
 
 int conn_feed(struct conn *c, const char *data, size_t n)

@@ -27,13 +27,27 @@ struct conn_node {
     int rejected; /* accepted past max_connections: answered 503, closing */
 };
 
+/* The request-body bytes held in memory by a set of connections, bounded
+ * by max_total_body_bytes. A body announced with Content-Length counts in
+ * full once its headers are in; a chunked one counts as it arrives. A body
+ * stops counting when it is freed: when its handler has answered (or, for
+ * a deferred answer, when the answer is sent), or when its connection
+ * closes. */
+struct conn_budget {
+    uint64_t body_bytes;
+};
+
 /* What a socket connection needs from whoever accepted it: the read
  * buffer it may use (the loop is single-threaded and connections consume
- * reads synchronously, so one buffer serves them all) and the call that
- * tells the owner the connection is gone (once, when closing starts). */
+ * reads synchronously, so one buffer serves them all), the body budget it
+ * shares with the other connections (NULL: one of its own), and the call
+ * that tells the owner the connection is gone (once, when closing starts).
+ * The budget must outlive the connection's pending requests, which are
+ * freed when conn_close() is called. */
 struct conn_host {
     char *read_buf;
     size_t read_cap;
+    struct conn_budget *budget;
     void (*gone)(void *ctx, struct conn_node *n);
     void *ctx;
 };
@@ -57,6 +71,9 @@ void conn_close(struct conn *c);
 /* Test transport. The connection never touches a loop (app->loop may be
  * NULL) and timeouts only happen through conn_test_fire_timer(). */
 struct conn *conn_new_test(struct app *app);
+/* The same, counting its request bodies in budget, which the caller owns
+ * and may share between test connections. */
+struct conn *conn_new_test_shared(struct app *app, struct conn_budget *budget);
 /* Feeds bytes; answers ready so far are appended to conn_test_output().
  * Returns 1 once the connection has closed (later bytes are ignored), else 0. */
 int conn_feed(struct conn *c, const char *data, size_t n);

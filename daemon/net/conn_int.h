@@ -31,6 +31,7 @@ struct pending {
     struct request req;
     struct response res;
     struct buf url, ct, auth, body;
+    uint64_t body_charged; /* bytes this body counts in the connection's budget */
     int has_ct, has_auth;
     int head_only;
     int keep_alive;
@@ -41,7 +42,9 @@ struct pending {
 struct conn {
     struct conn_node node;
     struct app *app;
-    struct conn_host host; /* socket mode: read buffer and owner */
+    struct conn_host host;      /* socket mode: read buffer and owner */
+    struct conn_budget *budget; /* host.budget, or own_budget */
+    struct conn_budget own_budget;
     int test;
     uv_tcp_t tcp;
     uv_timer_t timer;
@@ -89,6 +92,9 @@ struct conn {
 /* conn.c: requests and the answer queue. */
 struct pending *conn_pending_new(struct conn *c); /* NULL on out of memory */
 void conn_pending_free(struct pending *p);
+/* Frees the request body and takes it out of the connection's budget; the
+ * request then has an empty body. */
+void conn_pending_drop_body(struct pending *p);
 void conn_enqueue(struct conn *c, struct pending *p);
 /* Queues an error answer that ends the connection: it replaces the request
  * being parsed (if any) and nothing after it is parsed. */

@@ -10,6 +10,10 @@
  *   - memory per request is bounded: URL <= max_uri_bytes, header block
  *     <= max_header_bytes, body <= max_body_bytes; a limit is checked before
  *     the bytes are copied;
+ *   - the bodies of all connections sharing c->budget hold at most
+ *     max_total_body_bytes: a body is counted (in full when its length is
+ *     announced) before its bytes are kept, and p->body_charged is what it
+ *     counts, given back by conn_pending_drop_body();
  *   - a callback never closes and never touches the answer queue except to
  *     append a complete request; it records what went wrong in c->err (a
  *     KVIDX_E* code) and returns llhttp's -1, or HPE_PAUSED to stop early;
@@ -90,6 +94,24 @@ static int cb_url(llhttp_t *h, const char *at, size_t n)
     int rc = append_capped(&c->cur->url, at, n, c->app->cfg.max_uri_bytes, KVIDX_EURISIZE);
     return rc ? cb_fail(c, rc) : 0;
 }
+
+/* Makes p's body count `total` bytes in the connection's budget (it never
+ * counts less than it did). Returns 0, or KVIDX_ECONNLIMIT when the bodies
+ * of all connections together would pass max_total_body_bytes. */
+static int body_charge(struct conn *c, struct pending *p, uint64_t total)
+{
+    uint64_t cap = c->app->cfg.max_total_body_bytes, used = c->budget->body_bytes;
+    if (total <= p->body_charged)
+        return 0;
+    uint64_t more = total - p->body_charged;
+    if (used > cap || more > cap - used)
+        return KVIDX_ECONNLIMIT;
+    c->budget->body_bytes = used + more;
+    p->body_charged = total;
+    return 0;
+}
+
+#define BUDGET_DETAIL "The server holds too many request bodies at once; retry later."
 
 /* Counts n more bytes of the header block. Returns 0 or KVIDX_EHEADERSIZE. */
 static int count_header(struct conn *c, size_t n)
@@ -217,6 +239,10 @@ static int cb_headers_complete(llhttp_t *h)
         return cb_fail_detail(c, KVIDX_EMETHOD, "CONNECT is not supported: this is not a proxy.");
     if ((h->flags & F_CONTENT_LENGTH) && h->content_length > c->app->cfg.max_body_bytes)
         return cb_fail(c, KVIDX_EBODYSIZE);
+    /* An announced body counts in full before any of it is read, so that
+     * it is refused early and an accepted one is not cut off later. */
+    if ((h->flags & F_CONTENT_LENGTH) && body_charge(c, p, h->content_length) != 0)
+        return cb_fail_detail(c, KVIDX_ECONNLIMIT, BUDGET_DETAIL);
     /* A known body size gets its buffer at once, not by doublings that
      * copy it (a 1000-key body is ~150 KB). Up to 256 KiB only: the
      * announced size costs memory before any of it has arrived. A failure
@@ -234,7 +260,12 @@ static int cb_headers_complete(llhttp_t *h)
 static int cb_body(llhttp_t *h, const char *at, size_t n)
 {
     struct conn *c = h->data;
-    int rc = append_capped(&c->cur->body, at, n, c->app->cfg.max_body_bytes, KVIDX_EBODYSIZE);
+    struct pending *p = c->cur;
+    if (p->body.len + n > c->app->cfg.max_body_bytes)
+        return cb_fail(c, KVIDX_EBODYSIZE);
+    if (body_charge(c, p, p->body.len + n) != 0)
+        return cb_fail_detail(c, KVIDX_ECONNLIMIT, BUDGET_DETAIL);
+    int rc = append_capped(&p->body, at, n, c->app->cfg.max_body_bytes, KVIDX_EBODYSIZE);
     return rc ? cb_fail(c, rc) : 0;
 }
 
@@ -301,6 +332,9 @@ static void dispatch(struct conn *c, struct pending *p)
     else if (res->status < 100 || res->status > 999)
         res_problem(res, KVIDX_EINTERNAL, "The handler produced no answer.", NULL, 0);
     res->done = 1;
+    /* The handler is done with the body: give its memory back now rather
+     * than when the answer leaves (it may wait behind a long poll). */
+    conn_pending_drop_body(p);
 }
 
 static int cb_message_complete(llhttp_t *h)

@@ -10,6 +10,10 @@
  * allocated it is accepted into a spare handle and closed, because libuv
  * stops watching the listener until the pending connection is taken.
  *
+ * Memory: every connection counts its request bodies in the server's one
+ * conn_budget, so that together they stay under max_total_body_bytes; the
+ * count is published as the gauge kvidx_http_body_bytes_held.
+ *
  * Shutdown: server_drain() closes the listener, asks every connection to
  * finish what it has received, and forces the rest closed after the
  * timeout. The server frees itself when its last handle is closed.
@@ -39,7 +43,8 @@ struct server {
     uv_tcp_t spare;
     int spare_busy;
     int listener_open, handles_open;
-    struct conn_node conns; /* circular list sentinel */
+    struct conn_node conns;    /* circular list sentinel */
+    struct conn_budget budget; /* request bodies held by all connections */
     size_t nconns, nrejecting;
     int draining, closing;
     void (*on_drained)(struct server *s);
@@ -113,7 +118,7 @@ static void on_connection(uv_stream_t *l, int status)
         warn_accept(s, "cannot take a connection", status);
         return;
     }
-    struct conn_host host = {s->rbuf, sizeof(s->rbuf), conn_gone, s};
+    struct conn_host host = {s->rbuf, sizeof(s->rbuf), &s->budget, conn_gone, s};
     struct conn *c = conn_new(s->app, &host);
     if (!c) {
         if (!s->spare_busy) {
@@ -155,10 +160,19 @@ static void on_connection(uv_stream_t *l, int status)
     conn_start(c);
 }
 
+static void server_gauges(void *ctx, struct buf *out)
+{
+    const struct server *s = ctx;
+    metrics_single(out, "kvidx_http_body_bytes_held", "gauge",
+                   "Request-body bytes all connections hold now (max_total_body_bytes bounds it).",
+                   s->budget.body_bytes);
+}
+
 static void on_server_handle_closed(uv_handle_t *h)
 {
     struct server *s = h->data;
     if (--s->handles_open == 0) {
+        metrics_unregister(s->app->metrics, server_gauges, s);
         if (s->app->server == s)
             s->app->server = NULL;
         free(s);
@@ -257,6 +271,8 @@ int server_start(struct app *app, struct server **out, char *bound, size_t cap)
     memset(&ss, 0, sizeof(ss));
     uv_tcp_getsockname(&s->listener, (struct sockaddr *)&ss, &len);
     format_addr(&ss, bound, cap);
+    if (metrics_register(app->metrics, server_gauges, s) != 0)
+        log_warn("metrics: cannot publish kvidx_http_body_bytes_held");
     app->server = s;
     *out = s;
     return 0;

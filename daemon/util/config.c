@@ -118,6 +118,9 @@ static const struct setting settings[] = {
     UINT(page_token_ttl_s, "3600", 1, 30 * 24 * 3600, 1,
          "listing page tokens older than this answer 410 page_token_expired"),
     SIZE(max_body_bytes, "64MiB", 1 * KiB, 4 * GiB, 1, "largest request body (413 above)"),
+    SIZE(max_total_body_bytes, "1GiB", 1 * KiB, 1 * TiB, 1,
+         "request-body bytes all connections may hold at once; past it a new or growing body "
+         "gets 503"),
     UINT(max_keys_per_request, "262144", 1, UINT64_C(1) << 24, 1,
          "most keys one request may name (413 too_many_keys above)"),
     SIZE(max_header_bytes, "16KiB", 1 * KiB, 1 * MiB, 1,

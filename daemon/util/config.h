@@ -33,6 +33,7 @@ struct config {
     uint64_t handle_grace_ms;
     uint64_t page_token_ttl_s;
     uint64_t max_body_bytes;
+    uint64_t max_total_body_bytes; /* request bodies held by all connections together */
     uint64_t max_keys_per_request;
     uint64_t max_header_bytes;
     uint64_t max_uri_bytes;

@@ -3,7 +3,9 @@
  * limits, routing (the daemon's real route tables) and serialization. The
  * first byte picks how the rest is split into feeds, so incremental parsing
  * (pauses, resumes, pipelining) is exercised as well as whole buffers.
- * Small limits make the 413/414/431 paths reachable. The data subsystems
+ * Small limits make the 413/414/431 paths reachable, and a bound on all
+ * bodies below max_body_bytes the 503 one; the bodies' count must be back
+ * at zero once the connection is freed. The data subsystems
  * are created fresh for every input so that no state carries over.
  */
 #include "util/context.h"
@@ -26,6 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!app.metrics) {
         config_defaults(&app.cfg);
         app.cfg.max_body_bytes = 4096;
+        app.cfg.max_total_body_bytes = 3072;
         app.cfg.max_header_bytes = 1024;
         app.cfg.max_uri_bytes = 256;
         app.metrics = metrics_new();
@@ -41,7 +44,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int eof = data[0] & 0x80;
     data++;
     size--;
-    struct conn *c = conn_new_test(&app);
+    struct conn_budget budget = {0};
+    struct conn *c = conn_new_test_shared(&app, &budget);
     if (!c) {
         subsystems_stop(&app);
         uv_run(&loop, UV_RUN_NOWAIT);
@@ -64,6 +68,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (o->len && memcmp(o->data, "HTTP/1.1 ", 9) != 0)
         __builtin_trap();
     conn_free_test(c);
+    if (budget.body_bytes != 0)
+        __builtin_trap();
     subsystems_stop(&app);
     uv_run(&loop, UV_RUN_NOWAIT); /* runs the close callbacks */
     subsystems_free(&app);

@@ -224,6 +224,60 @@ class Transport(unittest.TestCase):
             assert_problem(self, r, 413, "payload_too_large")
             self.assertTrue(c.closed_by_peer())
 
+    def test_total_body_budget(self):
+        """Bodies held by all connections together stay under
+        max_total_body_bytes: past it a new body is refused at once with
+        503 and Retry-After, other connections are served, and the count
+        goes back to zero when the bodies are freed."""
+        self.d.kill()
+        self.d = Daemon(settings={"max_body_bytes": "64KiB", "max_total_body_bytes": "100KiB"})
+        limits = self.d.request("GET", "/v1/limits").json()
+        self.assertEqual(limits["max_total_body_bytes"], 100 << 10)
+        head = (b"PUT /v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 61440\r\n\r\n")
+
+        def held():
+            text = self.d.request("GET", "/metrics").body.decode()
+            for line in text.splitlines():
+                if line.startswith("kvidx_http_body_bytes_held "):
+                    return int(line.split()[1])
+            self.fail("no kvidx_http_body_bytes_held in /metrics")
+
+        self.assertEqual(held(), 0)
+        a = Conn(self.d)
+        try:
+            a.send(head + b" " * 30000)
+            deadline = time.monotonic() + 3
+            while held() != 61440 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.assertEqual(held(), 61440)
+            with Conn(self.d) as b:
+                b.send(head)
+                r = b.read_response()
+                assert_problem(self, r, 503, "too_many_connections")
+                self.assertEqual(r.headers.get("retry-after"), "1")
+                self.assertEqual(r.headers.get("connection"), "close")
+                self.assertTrue(b.closed_by_peer())
+            self.assertEqual(self.d.request("GET", "/livez").status, 200)
+            # a still completes (its body is no valid request: 400, not 503).
+            a.send(b" " * (61440 - 30000))
+            self.assertEqual(a.read_response().status, 400)
+            self.assertEqual(held(), 0)
+            # A client that goes away in the middle of its body gives it back.
+            a.send(head + b" " * 1000)
+            time.sleep(0.1)
+            self.assertEqual(held(), 61440)
+        finally:
+            a.close()
+        deadline = time.monotonic() + 3
+        while held() != 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.assertEqual(held(), 0)
+
+    def test_total_body_budget_default(self):
+        limits = self.d.request("GET", "/v1/limits").json()
+        self.assertEqual(limits["max_total_body_bytes"], 1 << 30)
+
     def test_headers_too_large(self):
         with Conn(self.d) as c:
             c.send(b"GET /livez HTTP/1.1\r\nX-Big: " + b"h" * 3000 + b"\r\n\r\n")

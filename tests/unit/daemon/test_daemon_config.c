@@ -101,7 +101,7 @@ Test(config, default_fields)
 Test(config, every_row_consistent)
 {
     size_t n = n_settings();
-    cr_assert_eq(n, 25, "one row per field of struct config");
+    cr_assert_eq(n, 26, "one row per field of struct config");
     struct config c;
     config_defaults(&c);
     for (size_t i = 0; i < n; i++) {
@@ -309,6 +309,7 @@ Test(config, reloadable_flags)
     static const char *const reloadable[] = {"log_level",
                                              "log_format",
                                              "max_body_bytes",
+                                             "max_total_body_bytes",
                                              "max_keys_per_request",
                                              "max_header_bytes",
                                              "max_uri_bytes",

@@ -579,6 +579,145 @@ Test(http, repeated_authorization_is_not_glued)
     free(r.out);
 }
 
+static void feed_as(struct conn *c, const char *in, int bytewise)
+{
+    size_t n = strlen(in);
+    if (!bytewise) {
+        conn_feed(c, in, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        conn_feed(c, in + i, 1);
+}
+
+static void feed_spaces(struct conn *c, size_t n, int bytewise)
+{
+    char sp[1000];
+    memset(sp, ' ', sizeof(sp));
+    cr_assert(n <= sizeof(sp));
+    if (!bytewise) {
+        conn_feed(c, sp, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        conn_feed(c, sp, 1);
+}
+
+static const char *out_of(struct conn *c)
+{
+    struct buf *o = conn_test_output(c);
+    return o->data ? o->data : "";
+}
+
+#define PUT_LEN(n)                                                                                 \
+    "PUT /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"                          \
+    "Content-Length: " #n "\r\n\r\n"
+#define PUT_CHUNKED                                                                                \
+    "PUT /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"                          \
+    "Transfer-Encoding: chunked\r\n\r\n"
+
+/* The bodies of all connections together stay under max_total_body_bytes:
+ * a body announced past it is refused at once, a chunked one when it grows
+ * past it; the other connections are served, and the count goes back to
+ * zero as bodies are freed. */
+Test(http, total_body_budget)
+{
+    app.cfg.max_total_body_bytes = 1500;
+    for (int bytewise = 0; bytewise < 2; bytewise++) {
+        struct conn_budget b = {0};
+        struct conn *a = conn_new_test_shared(&app, &b);
+        struct conn *d = conn_new_test_shared(&app, &b);
+        struct conn *g = conn_new_test_shared(&app, &b);
+        cr_assert(a && d && g);
+
+        /* a announces 800 bytes and sends half: all 800 are counted. */
+        feed_as(a, PUT_LEN(800), bytewise);
+        feed_spaces(a, 400, bytewise);
+        cr_assert_eq(b.body_bytes, 800);
+        cr_assert_eq(conn_test_output(a)->len, 0);
+
+        /* d announces 800 more: refused before any of it is read. */
+        feed_as(d, PUT_LEN(800), bytewise);
+        const char *o = out_of(d);
+        cr_assert(strstr(o, "HTTP/1.1 503 Service Unavailable\r\n"), "%s", o);
+        cr_assert(strstr(o, "application/problem+json"), "%s", o);
+        cr_assert(strstr(o, "\"code\":\"too_many_connections\""), "%s", o);
+        cr_assert(strstr(o, "\r\nRetry-After: 1\r\n"), "%s", o);
+        cr_assert(strstr(o, "Connection: close\r\n"), "%s", o);
+        cr_assert_eq(conn_test_closed(d), 1);
+        cr_assert_eq(b.body_bytes, 800);
+
+        /* Others are served: requests without a body, and bodies that fit. */
+        feed_as(g, "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n", bytewise);
+        feed_as(g, PUT_LEN(700), bytewise);
+        feed_spaces(g, 700, bytewise);
+        cr_assert_eq(count(out_of(g), "HTTP/1.1 200 "), 2, "%s", out_of(g));
+        cr_assert(strstr(out_of(g), "{\"len\":700,"), "%s", out_of(g));
+        cr_assert_eq(b.body_bytes, 800, "an answered body is given back");
+
+        /* A chunked body is counted as it grows: 600 fit, 200 more do not. */
+        feed_as(g, PUT_CHUNKED "258\r\n", bytewise);
+        feed_spaces(g, 600, bytewise);
+        feed_as(g, "\r\n", bytewise);
+        cr_assert_eq(b.body_bytes, 1400);
+        cr_assert_eq(conn_test_closed(g), 0);
+        feed_as(g, "c8\r\n", bytewise);
+        feed_spaces(g, 200, bytewise);
+        cr_assert(strstr(out_of(g), "HTTP/1.1 503 "), "%s", out_of(g));
+        cr_assert_eq(conn_test_closed(g), 1);
+        cr_assert_eq(b.body_bytes, 800);
+
+        /* a completes and is answered. */
+        feed_spaces(a, 400, bytewise);
+        cr_assert(strstr(out_of(a), "HTTP/1.1 200 "), "%s", out_of(a));
+        cr_assert(strstr(out_of(a), "{\"len\":800,"), "%s", out_of(a));
+        cr_assert_eq(b.body_bytes, 0);
+
+        /* A connection that goes away in the middle of a body gives it back. */
+        feed_as(a, PUT_LEN(1000), bytewise);
+        feed_spaces(a, 10, bytewise);
+        cr_assert_eq(b.body_bytes, 1000);
+        conn_free_test(a);
+        cr_assert_eq(b.body_bytes, 0);
+        conn_free_test(d);
+        conn_free_test(g);
+    }
+}
+
+Test(http, total_body_budget_inclusive_and_per_connection)
+{
+    /* Exactly the bound is served; one byte more is not. */
+    app.cfg.max_total_body_bytes = 1000;
+    struct result r = run(PUT_LEN(2) "{}");
+    cr_assert(strstr(r.out, "HTTP/1.1 200 "), "%s", r.out);
+    free(r.out);
+    struct conn_budget b = {0};
+    struct conn *c = conn_new_test_shared(&app, &b);
+    feed_as(c, PUT_LEN(1000), 0);
+    feed_spaces(c, 1000, 0);
+    cr_assert(strstr(out_of(c), "HTTP/1.1 200 "), "%s", out_of(c));
+    cr_assert_eq(b.body_bytes, 0);
+    conn_free_test(c);
+    app.cfg.max_total_body_bytes = 999;
+    r = run(PUT_LEN(1000));
+    cr_assert(strstr(r.out, "HTTP/1.1 503 "), "%s", r.out);
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+    /* A connection of its own (conn_new_test) is bound too, chunked or not. */
+    char req[1200];
+    int n = snprintf(req, sizeof(req), PUT_CHUNKED "3e8\r\n");
+    memset(req + n, ' ', 1000);
+    strcpy(req + n + 1000, "\r\n0\r\n\r\n");
+    r = run(req);
+    cr_assert(strstr(r.out, "HTTP/1.1 503 "), "%s", r.out);
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+    app.cfg.max_total_body_bytes = 1000;
+    r = run(req);
+    cr_assert(strstr(r.out, "HTTP/1.1 200 "), "%s", r.out);
+    free(r.out);
+}
+
 Test(query, get_and_decode)
 {
     char out[16];
