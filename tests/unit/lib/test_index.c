@@ -12,6 +12,10 @@
 #include "kvidx/index.h"
 #include "kvidx/siphash.h"
 
+/* The index's private structures, for the test that breaks invariants on
+ * purpose and expects kvidx_index_check to notice. */
+#include "../../../lib/index/index_int.h"
+
 #include <sodium.h>
 
 #include <stdio.h>
@@ -419,8 +423,10 @@ Test(index, random_against_model)
                 M.l1cap = l1;
                 m_evict_to_fit();
                 cr_assert_eq(kvidx_index_set_capacity(idx, l1, caps[c][1]), 0);
+                cr_assert_eq(kvidx_index_check(idx), 0, "step %d capacity", step);
             }
             random_step(idx, step);
+            cr_assert_eq(kvidx_index_check(idx), 0, "step %d", step);
             compare(idx, step);
         }
         kvidx_index_free(idx);
@@ -700,6 +706,7 @@ Test(index, duplicates_last_size_wins_and_many_keys)
         }
         cr_assert_eq(kvidx_index_put_batch(idx, KVIDX_TIER_L2, items, B, NULL), 0);
     }
+    cr_assert_eq(kvidx_index_check(idx), 0);
     kvidx_index_stats_t st;
     kvidx_index_stats(idx, &st);
     cr_assert_eq(st.keys, N + 2);
@@ -710,10 +717,148 @@ Test(index, duplicates_last_size_wins_and_many_keys)
         kvidx_del_outcome_t o;
         cr_assert_eq(kvidx_index_delete(idx, &k, KVIDX_TIER_L2, 0, &o), 0);
         cr_assert_eq(o, KVIDX_DEL_DELETED);
+        if (i % 20000 == 19999)
+            cr_assert_eq(kvidx_index_check(idx), 0, "after %d deletes", i + 1);
     }
     kvidx_index_stats(idx, &st);
     cr_assert_eq(st.keys, 2);
     cr_assert_eq(st.namespaces, 1);
+    kvidx_index_free(idx);
+}
+
+static int load_cmp(const void *a, const void *b)
+{
+    return kvidx_key_cmp(&((const kvidx_load_t *)a)->key, &((const kvidx_load_t *)b)->key);
+}
+
+/* Bulk loads (a restore) in key order and out of it, with keys already
+ * present or given twice (the load stops there, keeping what it loaded),
+ * under an L1 capacity that evicts, with deletes in between. */
+Test(index, bulk_loads_keep_the_invariants)
+{
+    rng_state = 4242;
+    kvidx_index_t *idx = new_index(3000, 0);
+    static const char *ms[] = {"m1", "m2", "a/b"};
+    static const char *ss[] = {"", "s"};
+    static kvidx_load_t items[400];
+    int loaded = 0, conflicts = 0;
+    for (int round = 0; round < 300; round++) {
+        size_t n = 1 + rndn(400);
+        for (size_t i = 0; i < n; i++) {
+            items[i].key = mk(ms[rndn(3)], ss[rndn(2)], rndn(3), (uint16_t)rndn(2), rndn(5000));
+            items[i].key.hash_len = (uint8_t)(1 + rndn(64));
+            items[i].size_bytes = 1 + rndn(50);
+            items[i].tiers = 1 + rndn(3);
+        }
+        if (rndn(2))
+            qsort(items, n, sizeof(*items), load_cmp);
+        size_t bad = 999;
+        int rc = kvidx_index_load(idx, items, n, &bad);
+        cr_assert(rc == 0 || (rc == KVIDX_ECONFLICT && bad < n), "round %d rc %d", round, rc);
+        loaded += rc == 0;
+        conflicts += rc == KVIDX_ECONFLICT;
+        cr_assert_eq(kvidx_index_check(idx), 0, "round %d", round);
+        /* Deletes, so that later loads reuse records and insert mid-tree. */
+        for (int d = 0; d < 20; d++) {
+            kvidx_del_outcome_t o;
+            cr_assert_eq(kvidx_index_delete(idx, &items[rndn((uint32_t)n)].key,
+                                            (kvidx_tier_t)(1 + rndn(3)), 0, &o),
+                         0);
+        }
+        cr_assert_eq(kvidx_index_check(idx), 0, "round %d deletes", round);
+    }
+    cr_assert_gt(loaded, 10);
+    cr_assert_gt(conflicts, 10);
+    kvidx_index_free(idx);
+}
+
+/* Breaks one invariant of a valid index (stmt), expects the check to fail,
+ * mends it (undo) and expects the check to pass again. */
+#define BREAK_AND_MEND(stmt, undo)                                                                 \
+    do {                                                                                           \
+        stmt;                                                                                      \
+        cr_assert_eq(kvidx_index_check(idx), KVIDX_EINTERNAL, "not seen: %s", #stmt);              \
+        undo;                                                                                      \
+        cr_assert_eq(kvidx_index_check(idx), 0, "not mended: %s", #undo);                          \
+    } while (0)
+
+Test(index, check_sees_each_broken_invariant)
+{
+    kvidx_index_t *idx = new_index(0, 0);
+    static kvidx_put_t a[1000];
+    for (int i = 0; i < 1000; i++) {
+        /* Four small namespaces, and one big enough for inner nodes. */
+        const char *m = i < 300 ? (i % 2 ? "m1" : "m2") : "big";
+        a[i].key = mk(m, i < 300 && i % 3 == 0 ? "s" : "", 0, 0, (uint32_t)i * 2654435761u);
+        a[i].size_bytes = 10 + (uint64_t)i;
+    }
+    cr_assert_eq(kvidx_index_put_batch(idx, KVIDX_TIER_L1, a, 150, NULL), 0);
+    cr_assert_eq(kvidx_index_put_batch(idx, KVIDX_TIER_L2, a + 150, 850, NULL), 0);
+    /* Free L1 slots: three L1 copies deleted. */
+    for (int i = 0; i < 3; i++) {
+        kvidx_del_outcome_t o;
+        cr_assert_eq(kvidx_index_delete(idx, &a[i].key, KVIDX_TIER_L1, 0, &o), 0);
+        cr_assert_eq(o, KVIDX_DEL_DELETED);
+    }
+    cr_assert_eq(kvidx_index_check(idx), 0);
+    cr_assert_geq(idx->l1_nfree, 2);
+
+    /* Counters. */
+    BREAK_AND_MEND(idx->c.lru_bytes++, idx->c.lru_bytes--);
+    BREAK_AND_MEND(idx->c.l2_bytes--, idx->c.l2_bytes++);
+    BREAK_AND_MEND(idx->c.keys++, idx->c.keys--);
+    BREAK_AND_MEND(idx->slabs[hash_class(32)].nfree++, idx->slabs[hash_class(32)].nfree--);
+
+    /* Order: namespaces, keys in a leaf, separators in an inner node. */
+    ns_t **nss = idx->ns_sorted, *ns0 = nss[0];
+    BREAK_AND_MEND((nss[0] = nss[1], nss[1] = ns0), (nss[1] = nss[0], nss[0] = ns0));
+    leaf_t *leaf = NULL;
+    for (size_t i = 0; i < idx->n_ns; i++)
+        if (!idx->ns_sorted[i]->height)
+            leaf = idx->ns_sorted[i]->root;
+    cr_assert(leaf && leaf->n >= 2);
+    uint32_t r0 = leaf->refs[0];
+    BREAK_AND_MEND((leaf->refs[0] = leaf->refs[1], leaf->refs[1] = r0),
+                   (leaf->refs[1] = leaf->refs[0], leaf->refs[0] = r0));
+    ns_t *big = NULL;
+    for (size_t i = 0; i < idx->n_ns; i++)
+        if (idx->ns_sorted[i]->height)
+            big = idx->ns_sorted[i];
+    cr_assert_not_null(big);
+    inner_t *root = big->root;
+    cr_assert_geq(root->n, 3);
+    skey_t s0 = root->sep[0];
+    BREAK_AND_MEND((root->sep[0] = root->sep[1], root->sep[1] = s0),
+                   (root->sep[1] = root->sep[0], root->sep[0] = s0));
+
+    /* Interned names. */
+    BREAK_AND_MEND(idx->strs[0]->refs++, idx->strs[0]->refs--);
+
+    /* The table: a tag byte. */
+    size_t j = 0;
+    while (idx->ht[j] == KVIDX_REF_NONE)
+        j++;
+    BREAK_AND_MEND(idx->ht_tag[j] ^= 1, idx->ht_tag[j] ^= 1);
+
+    /* Tiers: an L2-only key without its L2 copy (counters kept in step). */
+    kvidx_ref_t ref;
+    cr_assert_eq(kvidx_index_find(idx, &a[500].key, &ref), 0);
+    uint8_t *r = rec_at(idx, ref);
+    uint64_t size = rec_size(r);
+    BREAK_AND_MEND((rec_set_l2(r, 0), idx->c.l2_keys--, idx->c.l2_bytes -= size),
+                   (rec_set_l2(r, 1), idx->c.l2_keys++, idx->c.l2_bytes += size));
+
+    /* The LRU: a ready copy pinned but still in the LRU (counters kept). */
+    cr_assert_eq(kvidx_index_find(idx, &a[100].key, &ref), 0);
+    l1m_t *e = &idx->l1[rec_l1(rec_at(idx, ref))];
+    cr_assert(e->in_lru);
+    BREAK_AND_MEND((e->pins = 1, idx->c.l1_pinned++, idx->c.l1_pins++),
+                   (e->pins = 0, idx->c.l1_pinned--, idx->c.l1_pins--));
+
+    /* The L1 free list: its head linked to itself, so a slot would be
+     * handed out twice (every slot the count walks is still free). */
+    uint32_t head = idx->l1_free, next = idx->l1[head].next;
+    BREAK_AND_MEND(idx->l1[head].next = head, idx->l1[head].next = next);
     kvidx_index_free(idx);
 }
 
@@ -826,10 +971,12 @@ Test(index, out_of_memory_is_atomic_and_leak_free)
             cr_assert_eq(kvidx_index_find(idx, &base[i * 7].key, &r), 0);
             cr_assert_eq(kvidx_index_pin(idx, r, 0, 1), 0);
         }
+        cr_assert_eq(kvidx_index_check(idx), 0);
         uint64_t fp = fingerprint(idx, all, BASE + NEW);
         F.fail_at = F.count + n;
         int rc = kvidx_index_put_batch(idx, KVIDX_TIER_L1, batch, NEW, NULL);
         F.fail_at = 0;
+        cr_assert_eq(kvidx_index_check(idx), 0, "n=%ld", n);
         if (rc == 0) {
             succeeded = 1;
         } else {
@@ -838,6 +985,7 @@ Test(index, out_of_memory_is_atomic_and_leak_free)
             cr_assert_eq(fingerprint(idx, all, BASE + NEW), fp, "n=%ld", n);
             /* The index still works after the failure. */
             cr_assert_eq(kvidx_index_put_batch(idx, KVIDX_TIER_L1, batch, NEW, NULL), 0);
+            cr_assert_eq(kvidx_index_check(idx), 0, "n=%ld", n);
         }
         kvidx_index_free(idx);
         cr_assert_eq(F.live, 0, "leak at n=%ld", n);

@@ -167,8 +167,11 @@ Test(index_list, order_and_every_filter)
     for (int i = 0; i < 1500; i++) {
         kvidx_key_t k = rand_key();
         put1(idx, &k, rndn(3) ? KVIDX_TIER_L2 : KVIDX_TIER_L1);
-        if (rndn(4) == 0)
+        cr_assert_eq(kvidx_index_check(idx), 0, "put %d", i);
+        if (rndn(4) == 0) {
             put1(idx, &k, KVIDX_TIER_L1);
+            cr_assert_eq(kvidx_index_check(idx), 0, "re-put %d", i);
+        }
         ks_add(&cand, &k);
     }
     /* The distinct present keys, sorted: the reference. */
@@ -248,6 +251,7 @@ Test(index_list, budget_gives_short_pages_and_exact_end)
         k.hash[0] = (uint8_t)i;
         put1(idx, &k, i == 99 ? KVIDX_TIER_L1 : KVIDX_TIER_L2);
     }
+    cr_assert_eq(kvidx_index_check(idx), 0);
     /* Only the last key is in L1: with a budget of 10 the first pages are
      * empty but never claim the end. */
     kvidx_list_filter_t f;
@@ -298,6 +302,7 @@ Test(index_list, guarantee_under_mutation)
         for (int i = 0; i < nst; i++) {
             kvidx_key_t k = rand_key();
             put1(idx, &k, KVIDX_TIER_L2);
+            cr_assert_eq(kvidx_index_check(idx), 0, "round %d", round);
             ks_add(&stable, &k);
         }
         /* Stable keys stay in L2 throughout; L1 copies of them may come and go. */
@@ -315,6 +320,7 @@ Test(index_list, guarantee_under_mutation)
             if (kvidx_index_find(idx, &k, &r) == 0)
                 continue; /* would be stable */
             put1(idx, &k, KVIDX_TIER_L1);
+            cr_assert_eq(kvidx_index_check(idx), 0, "round %d", round);
             ks_add(&other, &k);
         }
         kvidx_list_filter_t f;
@@ -374,6 +380,7 @@ Test(index_list, guarantee_under_mutation)
                     if (stable.n)
                         put1(idx, &stable.k[rndn((uint32_t)stable.n)].key, KVIDX_TIER_L1);
                 }
+                cr_assert_eq(kvidx_index_check(idx), 0, "round %d mutation %d", round, m);
             }
         }
         for (size_t i = 0; i < got.n; i++) {
@@ -415,6 +422,7 @@ Test(index_list, model_filter_over_many_salts_is_bounded)
         k.hash[0] = 7;
         put1(idx, &k, KVIDX_TIER_L2);
     }
+    cr_assert_eq(kvidx_index_check(idx), 0);
     kvidx_list_filter_t f;
     memset(&f, 0, sizeof(f));
     f.has_model = 1;
@@ -452,6 +460,7 @@ Test(index_list, loading_copies_are_not_listed_as_l1)
     uint64_t gen = 0;
     cr_assert_eq(kvidx_index_find(idx, &k, &ref), 0);
     cr_assert_eq(kvidx_index_l1_reserve(idx, ref, 1, &gen), 0);
+    cr_assert_eq(kvidx_index_check(idx), 0);
     kvidx_list_filter_t f;
     memset(&f, 0, sizeof(f));
     f.tier = KVIDX_TIER_L1;
@@ -462,6 +471,7 @@ Test(index_list, loading_copies_are_not_listed_as_l1)
     cr_assert_eq(kvidx_index_list(idx, &f, NULL, 4, 100, refs, &n, &resume, &more, NULL), 0);
     cr_assert_eq(n, 0, "a loading copy is not an L1 key yet");
     cr_assert_eq(kvidx_index_l1_load_done(idx, ref, gen, 1), 0);
+    cr_assert_eq(kvidx_index_check(idx), 0);
     cr_assert_eq(kvidx_index_list(idx, &f, NULL, 4, 100, refs, &n, &resume, &more, NULL), 0);
     cr_assert_eq(n, 1, "once loaded it is");
     kvidx_index_free(idx);
