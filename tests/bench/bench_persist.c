@@ -260,10 +260,11 @@ int main(int argc, char **argv)
         snprintf(path, sizeof(path), "%s/snapshot.kvs", dir);
         kvidx_index_t *idx = bench_new_index();
         struct layouts *l = layouts_new();
-        uint64_t gen, k, nl;
+        struct persist_snapshot_info info;
         const char *why = NULL;
         double t0 = now();
-        int rc = persist_load_snapshot(path, idx, l, &gen, &k, &nl, &why);
+        int rc = persist_load_snapshot(path, idx, l, &info, &why);
+        uint64_t k = info.keys;
         double t1 = now();
         if (rc != 0) {
             fprintf(stderr, "restore failed: %d %s\n", rc, why ? why : "");

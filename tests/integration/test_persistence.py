@@ -36,7 +36,10 @@ What is checked:
   cover journals it cannot have been written with, refuses to start and
   deletes nothing; a snapshot alone in an empty data_dir is used;
 * a FIFO or a directory named like a journal, the snapshot or the secret
-  refuses to start at once (never hangs).
+  refuses to start at once (never hangs);
+* records whose keys break the key rules (journal or snapshot) are
+  skipped, logged with their offset, counted (/metrics), and a full
+  listing passes.
 
 Each test uses its own temporary data_dir; every daemon started is killed in
 cleanup. Random choices print their seed (KVIDX_TEST_SEED reproduces).
@@ -1494,7 +1497,7 @@ class SingleInstance(PersistenceBase):
 class Untrusted(PersistenceBase):
     """Files named like the daemon's but holding what it never writes: a
     generation at the end of its range, a snapshot that claims to cover
-    journals it cannot have seen, FIFOs."""
+    journals it cannot have seen, FIFOs, keys that break the key rules."""
 
     base_settings = {"fsync": "always", "snapshot_journal_bytes": "1GiB"}
 
@@ -1628,6 +1631,93 @@ class Untrusted(PersistenceBase):
         os.mkdir(os.path.join(dd, name))
         self.assert_refuses(dd, name, r"(?i)not a regular file")
         self.assertTrue(os.path.isdir(os.path.join(dd, name)))
+
+    # -- keys that break the key rules ---------------------------------------
+    BAD_KEYS = [  # (model, salt): each breaks one rule of the key validator
+        (b"has@at", b""),
+        (b"has\x00nul", b""),
+        (b"bad-utf8-\xff\xfe", b""),
+        (b"ok-model", b"sl/ash"),
+        (b"ok-model", b"at@salt"),
+    ]
+
+    def assert_listable(self, d, expected):
+        """Every page of a full listing answers 200 (a small page size, so
+        that pages start after the skipped keys' places too)."""
+        got = self.list_all(d, page_size=2)
+        self.assertEqual(sorted(got), sorted(canon(k) for k in expected))
+
+    def skipped_metric(self, d):
+        r = d.request("GET", "/metrics")
+        self.assertEqual(r.status, 200, r)
+        m = re.search(r"^kvidx_restore_skipped_records (\d+)$", r.body.decode(), re.M)
+        self.assertIsNotNone(m, "no kvidx_restore_skipped_records in /metrics")
+        return int(m.group(1))
+
+    def test_journal_records_breaking_the_key_rules_are_skipped(self):
+        dd, live, gone = self.populated(n=4, model="rules")
+        newest = int(JOURNAL_RE.match(os.path.basename(newest_journal(dd))).group(1), 16)
+        recs = [key_record("rules", hash_of(100))]
+        bad_at = []
+        off = KVIDX_JOURNAL_HEADER + len(recs[0])
+        for i, (model, salt) in enumerate(self.BAD_KEYS):
+            r = key_record(model, hash_of(200 + i), salt=salt)
+            bad_at.append(off)
+            off += len(r)
+            recs.append(r)
+        # records after the bad ones are applied: a store and a delete
+        recs.append(key_record("rules", hash_of(101), tiers=1, size=7))
+        recs.append(key_record("rules", hash_of(1), tiers=0, size=0))
+        name = "journal-%016x.kvj" % (newest + 1)
+        with open(os.path.join(dd, name), "wb") as f:
+            f.write(journal_file(newest + 1, recs))
+        d = self.start(dd)
+        self.wait_ready(d)
+        expected = [k for k in live if k != key(1, "rules")]
+        expected += [key(100, "rules"), key(101, "rules")]
+        self.assert_listable(d, expected)
+        self.assertEqual(self.key_info(d, key(101, "rules"))["size_bytes"], 7)
+        self.assertIsNone(self.key_info(d, key(1, "rules")))
+        log = d.log()
+        self.assertRegex(log, r"(?i)key rules")
+        self.assertIn(name, log)
+        for off in bad_at:
+            self.assertRegex(log, r"\b%d\b" % off, "offset %d not logged" % off)
+        self.assertRegex(log, r"(?i)skipped %d\b" % len(self.BAD_KEYS))
+        self.assertEqual(self.skipped_metric(d), len(self.BAD_KEYS))
+        self.stop(d)
+
+    def test_snapshot_keys_breaking_the_key_rules_are_skipped(self):
+        dd = self.new_dir()
+        good = [("snaprules", "", hash_of(i), 0, 0, 2, 10 + i) for i in range(3)]
+        good.append(("snaprules", "salty", hash_of(9), 0, 0, 1, 3))
+        bad = [(m, s, hash_of(300 + i), 0, 0, 2, 5) for i, (m, s) in enumerate(self.BAD_KEYS)]
+        bad.append((b"has@at", b"", hash_of(399), 0, 0, 2, 5))  # a second key in one namespace
+        with open(os.path.join(dd, SNAPSHOT), "wb") as f:
+            f.write(snapshot_file(1, good + bad))
+        d = self.start(dd)
+        self.wait_ready(d)
+        expected = [key(i, "snaprules") for i in range(3)] + [key(9, "snaprules", salt="salty")]
+        self.assert_listable(d, expected)
+        log = d.log()
+        self.assertRegex(log, r"(?i)key rules")
+        self.assertIn(SNAPSHOT, log)
+        self.assertRegex(log, r"(?i)skipped %d\b" % len(bad))
+        self.assertEqual(self.skipped_metric(d), len(bad))
+        # the keys that were kept survive the next restart, and a snapshot
+        # written now holds only them
+        self.stop(d)
+        d = self.start(dd, snapshot_journal_bytes="4KiB")
+        self.wait_ready(d)
+        more = [key(1000 + i, "snaprules") for i in range(100)]
+        self.put(d, more)
+        self.assertTrue(d.wait_log(r"snapshot: generation \d+ written", 30), d.log()[-3000:])
+        self.stop(d)
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_listable(d, expected + more)
+        self.assertEqual(self.skipped_metric(d), 0)
+        self.stop(d)
 
 
 if __name__ == "__main__":

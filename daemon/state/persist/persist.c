@@ -18,6 +18,7 @@
 #include "state/layouts.h"
 #include "util/context.h"
 #include "util/log.h"
+#include "util/metrics.h"
 
 #include "kvidx/err.h"
 
@@ -194,7 +195,15 @@ static void persist_discard(struct persist *p)
     free(p);
 }
 
-/* The loop's handles and the writer thread. */
+static void persist_gauges(void *ctx, struct buf *out)
+{
+    const struct persist *p = ctx;
+    metrics_single(out, "kvidx_restore_skipped_records", "gauge",
+                   "Records the last start skipped because their keys break the key rules.",
+                   p->skipped);
+}
+
+/* The loop's handles, the writer thread and the gauges. */
 static int persist_start(struct app *app, struct persist *p)
 {
     uv_mutex_init(&p->mu);
@@ -218,6 +227,8 @@ static int persist_start(struct app *app, struct persist *p)
     }
     p->thread_started = 1;
     store_watch(p->idx, on_change, p);
+    if (metrics_register(app->metrics, persist_gauges, p) != 0)
+        log_warn("metrics: no room for the persistence gauges");
     return 0;
 }
 
@@ -275,6 +286,7 @@ void persist_free(struct app *app)
     struct persist *p = app->persist;
     if (!p)
         return;
+    metrics_unregister(app->metrics, persist_gauges, p);
     if (app->keystore)
         store_watch(p->idx, NULL, NULL);
     if (hand_over(p) != 0)

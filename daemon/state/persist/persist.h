@@ -56,13 +56,18 @@ void persist_layout_before(struct app *app, const char *model, size_t model_len,
  * layouts, fsyncs it, renames it to dir/snapshot.kvs and fsyncs dir: 0, or
  * KVIDX_ESTORAGE (a file operation failed), KVIDX_ENOMEM or KVIDX_EINVAL
  * (a record could not be encoded), the reason logged.
- * persist_load_snapshot loads path into idx and layouts: 0; 1 when the
- * file does not exist; or a KVIDX_E* code with a static reason in *why
- * (the index may then hold part of the snapshot). */
+ * persist_load_snapshot loads path into idx and layouts, leaving out (and
+ * counting) keys that break the key rules: 0 and *info; KVIDX_ENOTFOUND
+ * when the file does not exist; or another KVIDX_E* code with a static reason in *why (the
+ * index may then hold part of the snapshot). */
+struct persist_snapshot_info {
+    uint64_t next_gen;      /* the first journal generation it does not cover */
+    uint64_t keys, layouts; /* loaded */
+    uint64_t skipped;       /* keys left out: they break the key rules (logged) */
+};
 int persist_write_snapshot(kvidx_index_t *idx, const struct layouts *layouts, const char *dir,
                            uint64_t next_gen);
 int persist_load_snapshot(const char *path, kvidx_index_t *idx, struct layouts *layouts,
-                          uint64_t *next_gen, uint64_t *nkeys, uint64_t *nlayouts,
-                          const char **why);
+                          struct persist_snapshot_info *info, const char **why);
 
 #endif

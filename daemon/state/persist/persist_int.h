@@ -104,6 +104,7 @@ struct persist {
     uint64_t gap_epoch;     /* counts such changes */
     uint64_t child_epoch;   /* gap_epoch when the running snapshot forked */
     uint64_t cur_gen;       /* generation new records go to */
+    uint64_t skipped;       /* records restore skipped for breaking the key rules */
 
     /* ---- shared, under mu ---- */
     uv_mutex_t mu;
@@ -200,6 +201,21 @@ int store_held(kvidx_index_t *idx, const kvidx_key_t *key);
 /* Reports every durable change to cb (NULL: stop). */
 void store_watch(kvidx_index_t *idx, kvidx_change_cb cb, void *ctx);
 uint64_t store_count(kvidx_index_t *idx);
+
+/* The key rules (kvidx_key_check_model, kvidx_key_check_salt) for keys
+ * read back from disk: the index takes any bytes, but a key a request
+ * could not name breaks listings (it cannot be encoded in an answer) and
+ * can never be looked up or deleted. The last namespace that passed is
+ * remembered, so the keys of one namespace are checked once. */
+struct key_rules {
+    int have;
+    uint16_t model_len;
+    uint8_t salt_len;
+    char model[KVIDX_MODEL_MAX];
+    char salt[KVIDX_SALT_MAX];
+};
+/* 0 when key passes, else KVIDX_EKEY with *why naming the field and rule. */
+int store_key_check(struct key_rules *c, const kvidx_key_t *key, kvidx_reason_t *why);
 
 /* ---- secret.c ---- */
 /* Reads data_dir's page-token secret, or creates it, and makes it the

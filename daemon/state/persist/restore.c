@@ -35,7 +35,20 @@
 
 #define BATCH          16384
 #define NBUF           4
-#define JOURNALS_MERGE 8 /* journals replayed at a start that make a snapshot due */
+#define JOURNALS_MERGE 8  /* journals replayed at a start that make a snapshot due */
+#define SKIP_LOG_MAX   10 /* keys breaking the rules logged one by one, per file */
+
+/* A key that breaks the key rules, skipped: logged (the first few of a
+ * file), counted by the caller. bytes from..to hold its record(s). */
+static void log_skipped(const char *what, const char *path, size_t from, size_t to,
+                        const kvidx_reason_t *why, uint64_t nth)
+{
+    if (nth > SKIP_LOG_MAX)
+        return;
+    log_warn("%s %s: the key at bytes %zu..%zu breaks the key rules (%s %s); skipped%s", what, path,
+             from, to, why->field, why->rule,
+             nth == SKIP_LOG_MAX ? " (further ones in this file are counted, not logged)" : "");
+}
 
 /* ---- the snapshot pipeline ---- */
 
@@ -54,16 +67,23 @@ typedef struct load_pipe {
     int eof;                   /* no batch after `produced`; bad if < 0 */
     int stop;                  /* the loader gave up: the reader stops */
     kvidx_snapshot_reader_t r;
+    /* the decoding stage's own */
+    const char *path;
+    struct key_rules rules;
+    uint64_t skipped; /* keys that break the key rules, left out */
 } load_pipe_t;
 
 /* Decodes the next batch: 1 if it holds something, 0 at a clean end, <0
- * on a malformed record or counts that do not match the trailer. */
-static int fill_batch(kvidx_snapshot_reader_t *r, load_buf_t *b)
+ * on a malformed record or counts that do not match the trailer. Keys that
+ * break the key rules are left out (and counted). */
+static int fill_batch(load_pipe_t *lp, load_buf_t *b)
 {
+    kvidx_snapshot_reader_t *r = &lp->r;
     b->n = 0;
     b->layout = 0;
     kvidx_jrec_t rec;
     while (b->n < BATCH) {
+        size_t at = r->off;
         int got = kvidx_snapshot_next(r, &rec);
         if (got < 0)
             return got;
@@ -73,6 +93,11 @@ static int fill_batch(kvidx_snapshot_reader_t *r, load_buf_t *b)
             b->lrec = rec;
             b->layout = 1;
             return 1;
+        }
+        kvidx_reason_t why;
+        if (store_key_check(&lp->rules, &rec.key, &why) != 0) {
+            log_skipped("snapshot", lp->path, at, r->off, &why, ++lp->skipped);
+            continue;
         }
         kvidx_load_t *it = &b->items[b->n++];
         it->key = rec.key;
@@ -93,7 +118,7 @@ static void reader_main(void *arg)
             break;
         load_buf_t *b = &lp->buf[lp->produced % NBUF];
         uv_mutex_unlock(&lp->mu);
-        int got = fill_batch(&lp->r, b);
+        int got = fill_batch(lp, b);
         uv_mutex_lock(&lp->mu);
         if (got > 0)
             lp->produced++;
@@ -131,7 +156,7 @@ static int load_unthreaded(load_pipe_t *lp, kvidx_index_t *idx, struct layouts *
                            const char **why)
 {
     for (;;) {
-        int got = fill_batch(&lp->r, &lp->buf[0]);
+        int got = fill_batch(lp, &lp->buf[0]);
         if (got < 0) {
             *why = lp->r.why;
             return KVIDX_EINVAL;
@@ -197,10 +222,10 @@ static int load_records(load_pipe_t *lp, kvidx_index_t *idx, struct layouts *lay
     return rc;
 }
 
-/* Maps path: 0 and *data, *len (munmap it when len > 0); 1 when it does
- * not exist; KVIDX_EINTERNAL with *why. mmap, not read: the pages come
- * straight from the page cache, which for a multi-GB snapshot saves a copy
- * and most of the page faults. */
+/* Maps path: 0 and *data, *len (munmap it when len > 0); KVIDX_ENOTFOUND
+ * when it does not exist; KVIDX_EINTERNAL with *why. mmap, not read: the
+ * pages come straight from the page cache, which for a multi-GB snapshot
+ * saves a copy and most of the page faults. */
 static int map_file(const char *path, const uint8_t **data, size_t *len, const char **why)
 {
     *data = NULL;
@@ -209,7 +234,7 @@ static int map_file(const char *path, const uint8_t **data, size_t *len, const c
     size_t n = 0;
     int rc = file_open_regular(path, &fd, &n, NULL);
     if (rc == KVIDX_ENOTFOUND)
-        return 1;
+        return rc;
     if (rc == KVIDX_EINVAL) {
         *why = "it is not a regular file (a FIFO, a directory or a device)";
         return KVIDX_EINTERNAL;
@@ -256,10 +281,9 @@ static void pipe_free(load_pipe_t *lp)
 }
 
 int persist_load_snapshot(const char *path, kvidx_index_t *idx, struct layouts *layouts,
-                          uint64_t *next_gen, uint64_t *nkeys, uint64_t *nlayouts, const char **why)
+                          struct persist_snapshot_info *info, const char **why)
 {
-    *next_gen = 0;
-    *nkeys = *nlayouts = 0;
+    memset(info, 0, sizeof(*info));
     *why = NULL;
     const uint8_t *data;
     size_t len;
@@ -272,6 +296,7 @@ int persist_load_snapshot(const char *path, kvidx_index_t *idx, struct layouts *
         rc = KVIDX_ENOMEM;
         goto out;
     }
+    lp->path = path;
     /* Streaming: the reader thread checksums the file as it decodes; on a
      * mismatch at the end the restore fails and the daemon refuses to
      * start, so the keys already loaded are never used. */
@@ -295,9 +320,10 @@ int persist_load_snapshot(const char *path, kvidx_index_t *idx, struct layouts *
         *why = damaged;
     if (rc)
         goto out;
-    *next_gen = lp->r.next_generation;
-    *nkeys = lp->r.nkeys;
-    *nlayouts = lp->r.nlayouts;
+    info->next_gen = lp->r.next_generation;
+    info->keys = lp->r.nkeys - lp->skipped;
+    info->layouts = lp->r.nlayouts;
+    info->skipped = lp->skipped;
 out:
     pipe_free(lp);
     if (len)
@@ -307,11 +333,12 @@ out:
 
 /* ---- start-up ---- */
 
-/* What restore found, for its one log line. */
+/* What restore found, for its log lines. */
 struct restore_counts {
-    uint64_t next_gen, nkeys, nlayouts; /* of the snapshot */
-    uint64_t nrec;                      /* journal records replayed */
-    size_t replayed;                    /* journals replayed */
+    struct persist_snapshot_info snap;
+    uint64_t nrec;    /* journal records replayed */
+    uint64_t skipped; /* journal records skipped for breaking the key rules */
+    size_t replayed;  /* journals replayed */
 };
 
 static int snapshot_load(struct persist *p, struct restore_counts *c)
@@ -319,9 +346,8 @@ static int snapshot_load(struct persist *p, struct restore_counts *c)
     char path[PATHN];
     path_of(p->dir, SNAPSHOT_FILE, path, sizeof(path));
     const char *why = NULL;
-    int rc = persist_load_snapshot(path, p->idx, p->layouts, &c->next_gen, &c->nkeys, &c->nlayouts,
-                                   &why);
-    if (rc == 0 || rc == 1)
+    int rc = persist_load_snapshot(path, p->idx, p->layouts, &c->snap, &why);
+    if (rc == 0 || rc == KVIDX_ENOTFOUND)
         return 0;
     log_error("refusing to start: the snapshot %s is not usable: %s. Move it away to start "
               "from the journals alone (keys it held would be lost).",
@@ -370,24 +396,32 @@ static int truncate_tail(struct persist *p, const char *path, size_t off, size_t
     return 0;
 }
 
-/* Applies one journal record; off is the byte after it, for messages. */
-static void replay_rec(struct persist *p, const char *path, const kvidx_jrec_t *rec, size_t off)
+/* Applies one journal record; at is its first byte, for messages. A key
+ * that breaks the key rules is skipped: 1, else 0. */
+static int replay_rec(struct persist *p, const char *path, const kvidx_jrec_t *rec, size_t at,
+                      size_t end, struct key_rules *rules, uint64_t *skipped)
 {
+    kvidx_reason_t why;
+    if (rec->type == KVIDX_JREC_KEY && store_key_check(rules, &rec->key, &why) != 0) {
+        log_skipped("journal", path, at, end, &why, ++*skipped);
+        return 1;
+    }
     if (rec->type == KVIDX_JREC_KEY) {
         kvidx_durable_t st = {rec->size_bytes, rec->tiers};
         if (store_apply(p->idx, &rec->key, &st, 1) != 0)
-            log_warn("journal %s: a record at byte %zu could not be applied (capacity?)", path,
-                     off);
+            log_warn("journal %s: a record at byte %zu could not be applied (capacity?)", path, at);
     } else if (rec->type == KVIDX_JREC_LAYOUT_PUT) {
         if (layouts_restore(p->layouts, (const char *)rec->blob, rec->blob_len) != 0)
-            log_warn("journal %s: a layout record at byte %zu does not parse", path, off);
+            log_warn("journal %s: a layout record at byte %zu does not parse", path, at);
     } else if (rec->type == KVIDX_JREC_LAYOUT_DEL) {
         layouts_forget(p->layouts, rec->key.model, rec->key.model_len, rec->world_size);
     }
+    return 0;
 }
 
 /* Replays one journal; truncates a torn or corrupt tail. Adds its records
- * to c->nrec and its kept length to p->journal_bytes. */
+ * to c->nrec (those skipped to c->skipped) and its kept length to
+ * p->journal_bytes. */
 static int journal_replay(struct persist *p, uint64_t gen, struct restore_counts *c)
 {
     char name[64], path[PATHN];
@@ -408,11 +442,16 @@ static int journal_replay(struct persist *p, uint64_t gen, struct restore_counts
         goto out;
     }
     kvidx_jrec_t rec;
+    struct key_rules rules = {0};
+    uint64_t skipped = 0;
+    size_t at = off;
     int got;
     while ((got = kvidx_journal_next(data, len, &off, &rec)) == 1) {
-        replay_rec(p, path, &rec, off);
-        c->nrec++;
+        if (replay_rec(p, path, &rec, at, off, &rules, &skipped) == 0)
+            c->nrec++;
+        at = off;
     }
+    c->skipped += skipped;
     if (got < 0 && (rc = truncate_tail(p, path, off, len)) != 0)
         goto out;
     p->journal_bytes += off;
@@ -478,12 +517,12 @@ static int replay_all(struct persist *p, struct restore_counts *c, uint64_t *max
         log_error("refusing to start: %s", w.msg);
         return KVIDX_EINTERNAL;
     }
-    int rc = check_generations(p, c->next_gen, gens, ngens);
-    *max_gen = c->next_gen ? c->next_gen - 1 : 0;
+    int rc = check_generations(p, c->snap.next_gen, gens, ngens);
+    *max_gen = c->snap.next_gen ? c->snap.next_gen - 1 : 0;
     for (size_t i = 0; rc == 0 && i < ngens; i++) {
         if (gens[i] > *max_gen)
             *max_gen = gens[i];
-        if (gens[i] < c->next_gen)
+        if (gens[i] < c->snap.next_gen)
             continue;
         if ((rc = journal_replay(p, gens[i], c)) != 0)
             break;
@@ -518,8 +557,15 @@ int restore(struct persist *p)
         return KVIDX_EINTERNAL;
     }
     p->good_len = KVIDX_JOURNAL_HEADER_LEN;
-    if (c.next_gen)
-        journals_delete_below(p->dir, c.next_gen);
+    p->skipped = c.snap.skipped + c.skipped;
+    if (p->skipped)
+        log_warn("restore: skipped %llu records whose keys break the key rules (%llu in the "
+                 "snapshot, %llu in journals); no request can name such a key, so nothing a "
+                 "client can reach is lost. They leave the disk with the next snapshot.",
+                 (unsigned long long)p->skipped, (unsigned long long)c.snap.skipped,
+                 (unsigned long long)c.skipped);
+    if (c.snap.next_gen)
+        journals_delete_below(p->dir, c.snap.next_gen);
     /* Every start opens a new generation: restarts with few writes in
      * between would pile up small journals, each replayed at every start.
      * Past JOURNALS_MERGE of them, the first snapshot is due at once. */
@@ -531,7 +577,7 @@ int restore(struct persist *p)
     log_info("restored from %s: snapshot %llu keys, %llu layouts in %.3f s; %llu journal "
              "records from %zu journal(s) in %.3f s; now %llu keys; journal generation %llu, "
              "fsync=%s",
-             p->dir, (unsigned long long)c.nkeys, (unsigned long long)c.nlayouts, t1 - t0,
+             p->dir, (unsigned long long)c.snap.keys, (unsigned long long)c.snap.layouts, t1 - t0,
              (unsigned long long)c.nrec, c.replayed, now_s() - t1,
              (unsigned long long)store_count(p->idx), (unsigned long long)p->cur_gen,
              policy_name(p->policy));

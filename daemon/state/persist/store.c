@@ -1,8 +1,9 @@
 /*
  * The key store as persistence sees it: durable key states out (for the
- * snapshot) and in (replay, undo, snapshot restore), and the change hook
- * that feeds the journal. Everything persistence does to the libkvidx
- * index goes through here.
+ * snapshot) and in (replay, undo, snapshot restore), the change hook that
+ * feeds the journal, and the key rules a restored key must pass, as a key
+ * in a request must. Everything persistence does to the libkvidx index
+ * goes through here.
  *
  * Invariant: a durable state is "size, a ready non-temporary L1 copy
  * yes/no, an L2 copy yes/no" (KVIDX_DURABLE_*, the journal's tier bits);
@@ -112,6 +113,28 @@ int store_held(kvidx_index_t *idx, const kvidx_key_t *key)
 void store_watch(kvidx_index_t *idx, kvidx_change_cb cb, void *ctx)
 {
     kvidx_index_set_change_cb(idx, cb, ctx);
+}
+
+/* Only the namespace can break the rules: kv_rank, group and hash have
+ * none a decoded record can miss (the decoder checks the hash length). */
+int store_key_check(struct key_rules *c, const kvidx_key_t *key, kvidx_reason_t *why)
+{
+    if (c->have && c->model_len == key->model_len && c->salt_len == key->salt_len &&
+        memcmp(c->model, key->model, key->model_len) == 0 &&
+        (!key->salt_len || memcmp(c->salt, key->salt, key->salt_len) == 0))
+        return 0;
+    int rc = kvidx_key_check_model(key->model, key->model_len, why);
+    if (rc == 0)
+        rc = kvidx_key_check_salt(key->salt, key->salt_len, why);
+    if (rc != 0 || key->model_len > sizeof(c->model) || key->salt_len > sizeof(c->salt))
+        return rc ? rc : KVIDX_EKEY;
+    memcpy(c->model, key->model, key->model_len);
+    if (key->salt_len)
+        memcpy(c->salt, key->salt, key->salt_len);
+    c->model_len = key->model_len;
+    c->salt_len = key->salt_len;
+    c->have = 1;
+    return 0;
 }
 
 uint64_t store_count(kvidx_index_t *idx)
