@@ -32,6 +32,13 @@ static struct keystore *ks_of(const struct request *req)
     return req->app->keystore;
 }
 
+/* 1 when the n bytes at v are the text lit. Strings are compared with
+ * their lengths, never up to a NUL (a query value may hold one). */
+static int is_text(const char *v, size_t n, const char *lit)
+{
+    return strlen(lit) == n && memcmp(v, lit, n) == 0;
+}
+
 /* "l1" / "l2" / "all" member → tier; absent gives def. 0 or KVIDX_EINVAL. */
 static int parse_tier(const cJSON *v, kvidx_tier_t def, int allow_all, kvidx_tier_t *out)
 {
@@ -39,13 +46,15 @@ static int parse_tier(const cJSON *v, kvidx_tier_t def, int allow_all, kvidx_tie
         *out = def;
         return 0;
     }
-    if (!cJSON_IsString(v))
+    size_t n = 0;
+    const char *s = json_str(v, &n);
+    if (!s)
         return KVIDX_EINVAL;
-    if (strcmp(v->valuestring, "l1") == 0)
+    if (is_text(s, n, "l1"))
         *out = KVIDX_TIER_L1;
-    else if (strcmp(v->valuestring, "l2") == 0)
+    else if (is_text(s, n, "l2"))
         *out = KVIDX_TIER_L2;
-    else if (allow_all && strcmp(v->valuestring, "all") == 0)
+    else if (allow_all && is_text(s, n, "all"))
         *out = KVIDX_TIER_ALL;
     else
         return KVIDX_EINVAL;
@@ -348,12 +357,6 @@ out:
     param_errors_free(&pe);
     cJSON_Delete(body);
     return persist_ack(req, res);
-}
-
-/* 1 when the n bytes at v are the text lit (a query value may hold a NUL). */
-static int is_text(const char *v, size_t n, const char *lit)
-{
-    return strlen(lit) == n && memcmp(v, lit, n) == 0;
 }
 
 /* Checks the query of a single-key route: only the names in known (a

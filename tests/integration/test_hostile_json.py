@@ -12,7 +12,9 @@ the JSON grammar (01, 1., -01, 1.e5, .5, +1): cJSON reads those as numbers.
 After every rejected batch the state (keys with their tiers, pins and
 sizes, layouts, handles, load tasks, gauges) is what it was. Each body is
 also sent untouched at the end and accepted, so every rejection above is
-owed to the one byte or number changed.
+owed to the one byte or number changed. An escaped NUL (\u0000) is valid
+JSON and read as '@': an enum value or member name holding one names
+nothing (invalid_argument), a key field holding one is invalid_key.
 """
 
 import json
@@ -249,6 +251,47 @@ class HostileJson(unittest.TestCase):
                 self.assertEqual(r.status, status, (name, r))
             self.assertEqual(c.request("GET", "/v1/keys/" + canonical(KEY_NEW)).status, 200)
             self.assertEqual(c.request("GET", "/v1/keys/" + canonical(KEY_DEL)).status, 404)
+
+    def test_0_escaped_nul_is_never_cut_short(self):
+        """An escaped NUL is valid JSON: it is read as '@' (see docs/keys.md),
+        so an enum value or member name holding one names nothing, and a key
+        field holding one is invalid_key; nothing is stored or changed."""
+        esc = "\\u0000"
+        a = '{"chunk_hash_hex":"aa","model_name":"hj","kv_rank":%d}' % IPC_RANK
+        cases = [
+            ("PUT", "/v1/keys", '{"tier":"l1%sx","entries":[{"key":%s,"size_bytes":1}]}'
+             % (esc, a), "invalid_argument"),
+            ("PUT", "/v1/keys", '{"tier%sjunk":"l1","entries":[{"key":%s,"size_bytes":1}]}'
+             % (esc, a), "invalid_argument"),
+            # an unknown member, and the entry has no key
+            ("PUT", "/v1/keys", '{"entries":[{"key%s":%s,"size_bytes":1}]}' % (esc, a),
+             "invalid_key"),
+            ("PUT", "/v1/keys", '{"entries":[{"key":{"chunk_hash_hex":"aa","model_name":'
+             '"hj%s","kv_rank":0},"size_bytes":1}]}' % esc, "invalid_key"),
+            ("PUT", "/v1/keys", '{"entries":[{"key":{"chunk_hash_hex":"aa%s","model_name":'
+             '"hj","kv_rank":0},"size_bytes":1}]}' % esc, "invalid_key"),
+            ("PUT", "/v1/keys", '{"entries":[{"key":{"chunk_hash_hex":"aa","model_name":'
+             '"hj","kv_rank":0,"cache_salt%s":""},"size_bytes":1}]}' % esc, "invalid_key"),
+            ("DELETE", "/v1/keys", '{"tier":"all%s","keys":[%s]}' % (esc, a),
+             "invalid_argument"),
+            ("PUT", "/v1/keys/" + canonical(KEY_NEW), '{"tier":"l2%s","size_bytes":1}' % esc,
+             "invalid_argument"),
+            ("POST", "/v1/lookup", '{"tier":"l1%s","keys":[%s]}' % (esc, a), "invalid_argument"),
+            ("POST", "/v1/lookup", '{"model_name":"hj%s","world_size":1,"chunk_hashes":["aa"]}'
+             % esc, "invalid_key"),
+            ("POST", "/v1/prefetches", '{"mode":"WARM%s","keys":[%s]}' % (esc, a),
+             "invalid_argument"),
+            ("PUT", "/v1/layouts", '{"model_name":"hj-nul","shapes":[[2]],"dtypes":["int8%s"]}'
+             % esc, "invalid_argument"),
+        ]
+        with Conn(self.d) as c:
+            before = self.state(c)
+            for method, path, body, code in cases:
+                with self.subTest(body=body):
+                    r = self.send(c, method, path, body.encode())
+                    self.assertEqual(r.status, 400, (body, r))
+                    self.assertEqual(r.json()["code"], code, (body, r.body))
+            self.assert_same_state(self.state(c), before, "escaped NUL")
 
     def test_0_the_probes_of_the_report(self):
         """The bodies that were accepted before: nothing of them is stored."""
