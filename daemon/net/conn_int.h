@@ -23,6 +23,9 @@ enum {
 
 enum timer_action { T_NONE = 0, T_408, T_CLOSE };
 
+/* The header fields the connection looks at; the others are only counted. */
+enum header_kind { H_OTHER = 0, H_CONTENT_TYPE, H_AUTHORIZATION, H_EXPECT, H_HOST };
+
 /* One request from its first byte to its answer: owns every string the
  * handler sees (the request) and the answer being built (the response). */
 struct pending {
@@ -77,7 +80,8 @@ struct conn {
     char hname[HNAME_MAX];
     size_t hname_len;
     int hname_over;
-    int hwhich; /* 1 content-type, 2 authorization, 3 expect */
+    int hwhich; /* enum header_kind of the field being received */
+    int nhost;  /* Host lines among the request's header fields */
     char expect[EXPECT_MAX];
     size_t expect_len;
 

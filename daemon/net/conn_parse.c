@@ -67,7 +67,8 @@ static int cb_message_begin(llhttp_t *h)
     c->header_bytes = 0;
     c->hname_len = 0;
     c->hname_over = 0;
-    c->hwhich = 0;
+    c->hwhich = H_OTHER;
+    c->nhost = 0;
     c->expect_len = 0;
     c->nreq++;
     /* The header timeout runs from accept / the end of the previous answer;
@@ -135,34 +136,53 @@ static int cb_header_field(llhttp_t *h, const char *at, size_t n)
     return 0;
 }
 
+static enum header_kind header_kind(const char *name)
+{
+    static const struct {
+        const char *name;
+        enum header_kind kind;
+    } known[] = {
+        {"content-type", H_CONTENT_TYPE},
+        {"authorization", H_AUTHORIZATION},
+        {"expect", H_EXPECT},
+        {"host", H_HOST},
+    };
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+        if (strcasecmp(name, known[i].name) == 0)
+            return known[i].kind;
+    return H_OTHER;
+}
+
 static int cb_header_field_complete(llhttp_t *h)
 {
     struct conn *c = h->data;
+    struct pending *p = c->cur;
     c->hname[c->hname_len] = '\0';
-    c->hwhich = 0;
+    c->hwhich = H_OTHER;
     /* Fields after a chunked body are trailers, not headers: they are
      * counted towards the header block but never kept, so no trailer can
-     * supply or change a Content-Type or an Authorization. */
-    if (!c->hname_over && !c->headers_done) {
-        if (strcasecmp(c->hname, "content-type") == 0)
-            c->hwhich = 1;
-        else if (strcasecmp(c->hname, "authorization") == 0)
-            c->hwhich = 2;
-        else if (strcasecmp(c->hname, "expect") == 0)
-            c->hwhich = 3;
-    }
-    if (c->hwhich == 1) {
-        /* A repeated Content-Type makes the value unusable (→ 415). */
-        if (c->cur->has_ct)
-            buf_putc(&c->cur->ct, ',');
-        c->cur->has_ct = 1;
-    }
-    if (c->hwhich == 2) {
+     * supply or change a Content-Type, an Authorization or a Host. */
+    if (!c->hname_over && !c->headers_done)
+        c->hwhich = header_kind(c->hname);
+    switch (c->hwhich) {
+    case H_CONTENT_TYPE:
+        /* A repeated Content-Type makes the value unusable (-> 415). */
+        if (p->has_ct)
+            buf_putc(&p->ct, ',');
+        p->has_ct = 1;
+        break;
+    case H_AUTHORIZATION:
         /* Repeated lines are kept apart so that they cannot join into one
          * credential; the result is never a valid one. */
-        if (c->cur->has_auth)
-            buf_putc(&c->cur->auth, ',');
-        c->cur->has_auth = 1;
+        if (p->has_auth)
+            buf_putc(&p->auth, ',');
+        p->has_auth = 1;
+        break;
+    case H_HOST:
+        c->nhost++;
+        break;
+    default:
+        break;
     }
     c->hname_len = 0;
     c->hname_over = 0;
@@ -179,13 +199,13 @@ static int cb_header_value(llhttp_t *h, const char *at, size_t n)
     if (rc)
         return cb_fail(c, rc);
     switch (c->hwhich) {
-    case 1:
+    case H_CONTENT_TYPE:
         buf_append(&p->ct, at, n);
         break;
-    case 2:
+    case H_AUTHORIZATION:
         buf_append(&p->auth, at, n);
         break;
-    case 3:
+    case H_EXPECT:
         if (c->expect_len + n < sizeof(c->expect)) {
             memcpy(c->expect + c->expect_len, at, n);
             c->expect_len += n;
@@ -202,7 +222,7 @@ static int cb_header_value(llhttp_t *h, const char *at, size_t n)
 static int cb_header_value_complete(llhttp_t *h)
 {
     struct conn *c = h->data;
-    c->hwhich = 0;
+    c->hwhich = H_OTHER;
     return 0;
 }
 
@@ -224,6 +244,24 @@ static enum http_method map_method(uint8_t m)
     }
 }
 
+/* The checks of a complete request head that do not depend on the body.
+ * Each refusal ends the connection. Returns 0, or -1 once the reason is
+ * recorded (llhttp's convention, for cb_headers_complete). */
+static int check_head(struct conn *c, llhttp_t *h)
+{
+    /* After a CONNECT the client sends tunnel bytes, not HTTP: answer it
+     * once and parse nothing more. The answer's Allow is empty: the target
+     * (an authority, not a path) is no resource of ours. */
+    if (llhttp_get_method(h) == HTTP_CONNECT)
+        return cb_fail_detail(c, KVIDX_EMETHOD, "CONNECT is not supported: this is not a proxy.");
+    /* Exactly one Host; only HTTP/1.0 may omit it. */
+    if (c->nhost > 1)
+        return cb_fail_detail(c, KVIDX_EBADREQUEST, "The request has more than one Host header.");
+    if (c->nhost == 0 && !(h->http_major == 1 && h->http_minor == 0))
+        return cb_fail_detail(c, KVIDX_EBADREQUEST, "A Host header is required (HTTP/1.1).");
+    return 0;
+}
+
 static int cb_headers_complete(llhttp_t *h)
 {
     struct conn *c = h->data;
@@ -232,11 +270,8 @@ static int cb_headers_complete(llhttp_t *h)
     p->req.method = map_method(llhttp_get_method(h));
     p->req.method_name = llhttp_method_name((llhttp_method_t)llhttp_get_method(h));
     p->head_only = p->req.method == M_HEAD;
-    /* After a CONNECT the client sends tunnel bytes, not HTTP: answer it
-     * once and parse nothing more. The answer's Allow is empty: the target
-     * (an authority, not a path) is no resource of ours. */
-    if (llhttp_get_method(h) == HTTP_CONNECT)
-        return cb_fail_detail(c, KVIDX_EMETHOD, "CONNECT is not supported: this is not a proxy.");
+    if (check_head(c, h) != 0)
+        return -1;
     if ((h->flags & F_CONTENT_LENGTH) && h->content_length > c->app->cfg.max_body_bytes)
         return cb_fail(c, KVIDX_EBODYSIZE);
     /* An announced body counts in full before any of it is read, so that

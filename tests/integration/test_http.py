@@ -169,6 +169,22 @@ class Transport(unittest.TestCase):
             self.assertEqual(r.headers.get("connection"), "close")
             self.assertEqual(rest_until_close(c), b"")
 
+    def test_host_required_once(self):
+        """HTTP/1.1 needs exactly one Host (400 and close otherwise);
+        HTTP/1.0 may omit it."""
+        with Conn(self.d) as c:
+            self.assertEqual(c.request("GET", "/livez").status, 200)
+            c.send(b"GET /livez HTTP/1.1\r\n\r\n" + build_request("GET", "/livez"))
+            assert_problem(self, c.read_response(), 400, "invalid_argument")
+            self.assertEqual(rest_until_close(c), b"")
+        with Conn(self.d) as c:
+            c.send(build_request("GET", "/livez", headers={"Host": "a"})[:-2] + b"Host: b\r\n\r\n")
+            assert_problem(self, c.read_response(), 400, "invalid_argument")
+            self.assertTrue(c.closed_by_peer())
+        with Conn(self.d) as c:
+            c.send(b"GET /livez HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            self.assertEqual(c.read_response().status, 200)
+
     def test_head(self):
         with Conn(self.d) as c:
             g = c.request("GET", "/livez")
@@ -208,7 +224,7 @@ class Transport(unittest.TestCase):
 
     def test_body_too_large(self):
         with Conn(self.d) as c:
-            c.send(b"PUT /v1/keys HTTP/1.1\r\nContent-Type: application/json\r\n"
+            c.send(b"PUT /v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                    b"Content-Length: 4096\r\n\r\n")
             r = c.read_response()
             assert_problem(self, r, 413, "payload_too_large")
@@ -216,7 +232,7 @@ class Transport(unittest.TestCase):
             self.assertTrue(c.closed_by_peer())
         # chunked, streamed past the limit
         with Conn(self.d) as c:
-            c.send(b"PUT /v1/keys HTTP/1.1\r\nContent-Type: application/json\r\n"
+            c.send(b"PUT /v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                    b"Transfer-Encoding: chunked\r\n\r\n")
             for _ in range(3):
                 c.send(b"400\r\n" + b"x" * 1024 + b"\r\n")
@@ -280,7 +296,7 @@ class Transport(unittest.TestCase):
 
     def test_headers_too_large(self):
         with Conn(self.d) as c:
-            c.send(b"GET /livez HTTP/1.1\r\nX-Big: " + b"h" * 3000 + b"\r\n\r\n")
+            c.send(b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"h" * 3000 + b"\r\n\r\n")
             r = c.read_response()
             p = assert_problem(self, r, 431, "headers_too_large")
             self.assertNotIn("hhhh", json.dumps(p))
@@ -288,7 +304,7 @@ class Transport(unittest.TestCase):
 
     def test_uri_too_long(self):
         with Conn(self.d) as c:
-            c.send(b"GET /" + b"u" * 2000 + b" HTTP/1.1\r\n\r\n")
+            c.send(b"GET /" + b"u" * 2000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             r = c.read_response()
             p = assert_problem(self, r, 414, "uri_too_long")
             self.assertNotIn("uuuu", json.dumps(p))
@@ -299,7 +315,7 @@ class Transport(unittest.TestCase):
 
     def test_bad_request(self):
         with Conn(self.d) as c:
-            c.send(b"GET /livez HTTP/1.1\r\n\r\nNOT\x01HTTP\r\n\r\n")
+            c.send(b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nNOT\x01HTTP\r\n\r\n")
             self.assertEqual(c.read_response().status, 200)
             r = c.read_response()
             assert_problem(self, r, 400, "invalid_argument")
@@ -316,7 +332,7 @@ class Transport(unittest.TestCase):
         # also after an answer on a kept-alive connection
         with Conn(self.d) as c:
             self.assertEqual(c.request("GET", "/livez").status, 200)
-            c.send(b"GET /livez HTTP/1.1\r\n")
+            c.send(b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             assert_problem(self, c.read_response(), 408, "request_timeout")
 
     def test_idle_timeout(self):

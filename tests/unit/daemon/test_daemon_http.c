@@ -174,10 +174,10 @@ Test(http, simple_get)
 
 Test(http, pipelined_in_order)
 {
-    struct result r = run("GET /hello HTTP/1.1\r\n\r\n"
-                          "GET /item/a HTTP/1.1\r\n\r\n"
-                          "GET /nope HTTP/1.1\r\n\r\n"
-                          "GET /item/b%2Fc/d HTTP/1.1\r\n\r\n");
+    struct result r = run("GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+                          "GET /item/a HTTP/1.1\r\nHost: x\r\n\r\n"
+                          "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+                          "GET /item/b%2Fc/d HTTP/1.1\r\nHost: x\r\n\r\n");
     const char *a = strstr(r.out, "{\"hello\":1}");
     const char *b = strstr(r.out, "{\"p\":\"a\"}");
     const char *c = strstr(r.out, "not_found");
@@ -195,7 +195,7 @@ Test(http, many_pipelined_pause_and_resume)
     struct buf in;
     buf_init(&in);
     for (int i = 0; i < 300; i++)
-        buf_printf(&in, "GET /item/%d HTTP/1.1\r\n\r\n", i);
+        buf_printf(&in, "GET /item/%d HTTP/1.1\r\nHost: x\r\n\r\n", i);
     struct result r = feed(in.data, in.len, 0, 0);
     cr_assert_eq(count(r.out, "HTTP/1.1 200"), 300);
     const char *p = r.out;
@@ -211,8 +211,8 @@ Test(http, many_pipelined_pause_and_resume)
 
 Test(http, connection_close)
 {
-    struct result r = run("GET /hello HTTP/1.1\r\nConnection: close\r\n\r\n"
-                          "GET /hello HTTP/1.1\r\n\r\n");
+    struct result r = run("GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                          "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
     cr_assert_eq(count(r.out, "HTTP/1.1 200"), 1);
     cr_assert(strstr(r.out, "Connection: close\r\n"));
     cr_assert_eq(r.closed, 1);
@@ -234,7 +234,8 @@ Test(http, http10)
 
 Test(http, head)
 {
-    struct result r = run("HEAD /hello HTTP/1.1\r\n\r\nGET /hello HTTP/1.1\r\n\r\n");
+    struct result r =
+        run("HEAD /hello HTTP/1.1\r\nHost: x\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
     cr_assert_str_eq(r.out, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                             "Content-Length: 11\r\n\r\n"
                             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -244,7 +245,7 @@ Test(http, head)
 
 Test(http, not_found_problem)
 {
-    struct result r = run("GET /nope HTTP/1.1\r\n\r\n");
+    struct result r = run("GET /nope HTTP/1.1\r\nHost: x\r\n\r\n");
     cr_assert(strstr(r.out, "HTTP/1.1 404 Not Found\r\n"));
     cr_assert(strstr(r.out, "Content-Type: application/problem+json\r\n"));
     cr_assert(strstr(r.out, "\"type\":\"https://kvidx.dev/problems/not_found\""));
@@ -258,41 +259,41 @@ Test(http, not_found_problem)
 
 Test(http, method_not_allowed)
 {
-    struct result r = run("PATCH /echo HTTP/1.1\r\n\r\n");
+    struct result r = run("PATCH /echo HTTP/1.1\r\nHost: x\r\n\r\n");
     cr_assert(strstr(r.out, "HTTP/1.1 405 "), "%s", r.out);
     cr_assert(strstr(r.out, "Allow: PUT, POST\r\n"), "%s", r.out);
     cr_assert(strstr(r.out, "\"code\":\"method_not_allowed\""));
     free(r.out);
-    r = run("POST /item/x HTTP/1.1\r\n\r\n");
+    r = run("POST /item/x HTTP/1.1\r\nHost: x\r\n\r\n");
     cr_assert(strstr(r.out, "Allow: GET, HEAD, DELETE\r\n"), "%s", r.out);
     free(r.out);
 }
 
 Test(http, content_type)
 {
-    struct result r = run("POST /echo HTTP/1.1\r\nContent-Type: text/plain\r\n"
+    struct result r = run("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
                           "Content-Length: 2\r\n\r\n{}");
     cr_assert(strstr(r.out, "HTTP/1.1 415 "), "%s", r.out);
     cr_assert(strstr(r.out, "unsupported_media_type"));
     cr_assert_eq(r.closed, 0);
     free(r.out);
-    r = run("POST /echo HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}");
+    r = run("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
     cr_assert(strstr(r.out, "HTTP/1.1 415 "), "%s", r.out);
     free(r.out);
-    r = run("POST /echo HTTP/1.1\r\nContent-Type: Application/JSON; charset=utf-8\r\n"
+    r = run("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: Application/JSON; charset=utf-8\r\n"
             "Content-Length: 2\r\n\r\n{}");
     cr_assert(strstr(r.out, "HTTP/1.1 200 "), "%s", r.out);
     cr_assert(strstr(r.out, "{\"len\":2,"));
     free(r.out);
     /* An empty body needs no Content-Type. */
-    r = run("POST /echo?x=1 HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+    r = run("POST /echo?x=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
     cr_assert(strstr(r.out, "{\"len\":0,\"q\":\"x=1\"}"), "%s", r.out);
     free(r.out);
 }
 
 Test(http, body_too_large_by_length)
 {
-    struct result r = run("PUT /echo HTTP/1.1\r\nContent-Type: application/json\r\n"
+    struct result r = run("PUT /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                           "Content-Length: 1001\r\n\r\n{}");
     cr_assert(strstr(r.out, "HTTP/1.1 413 "), "%s", r.out);
     cr_assert(strstr(r.out, "payload_too_large"));
@@ -302,7 +303,7 @@ Test(http, body_too_large_by_length)
     /* Exactly the limit is served. */
     char req[1200];
     int n = snprintf(req, sizeof(req),
-                     "PUT /echo HTTP/1.1\r\nContent-Type: application/json\r\n"
+                     "PUT /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      "Content-Length: 1000\r\n\r\n");
     memset(req + n, ' ', 1000);
     req[n + 1000] = '\0';
@@ -315,7 +316,7 @@ Test(http, body_too_large_chunked)
 {
     struct buf in;
     buf_init(&in);
-    buf_puts(&in, "PUT /echo HTTP/1.1\r\nContent-Type: application/json\r\n"
+    buf_puts(&in, "PUT /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   "Transfer-Encoding: chunked\r\n\r\n");
     for (int i = 0; i < 3; i++) {
         buf_puts(&in, "190\r\n");
@@ -333,10 +334,10 @@ Test(http, body_too_large_chunked)
 
 Test(http, chunked_body)
 {
-    struct result r = run("POST /echo HTTP/1.1\r\nContent-Type: application/json\r\n"
+    struct result r = run("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                           "Transfer-Encoding: chunked\r\n\r\n"
                           "3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n"
-                          "GET /hello HTTP/1.1\r\n\r\n");
+                          "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
     cr_assert(strstr(r.out, "{\"len\":7,"), "%s", r.out);
     cr_assert(strstr(r.out, "{\"hello\":1}"));
     free(r.out);
@@ -345,7 +346,7 @@ Test(http, chunked_body)
 Test(http, headers_too_large)
 {
     char req[2048];
-    int n = snprintf(req, sizeof(req), "GET /hello HTTP/1.1\r\nX-Big: ");
+    int n = snprintf(req, sizeof(req), "GET /hello HTTP/1.1\r\nHost: x\r\nX-Big: ");
     memset(req + n, 'a', 500);
     strcpy(req + n + 500, "\r\n\r\n");
     struct result r = run(req);
@@ -361,7 +362,7 @@ Test(http, uri_too_long)
     char req[2048];
     int n = snprintf(req, sizeof(req), "GET /item/");
     memset(req + n, 'b', 200);
-    strcpy(req + n + 200, " HTTP/1.1\r\n\r\n");
+    strcpy(req + n + 200, " HTTP/1.1\r\nHost: x\r\n\r\n");
     struct result r = run(req);
     cr_assert(strstr(r.out, "HTTP/1.1 414 "), "%s", r.out);
     cr_assert(strstr(r.out, "uri_too_long"));
@@ -379,21 +380,21 @@ Test(http, bad_request)
     cr_assert(strstr(r.out, "200 OK") < strstr(r.out, "400 Bad"));
     cr_assert_eq(r.closed, 1);
     free(r.out);
-    r = run("GET /hello HTTP/1.1\r\nBad Header\r\n\r\n");
+    r = run("GET /hello HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n");
     cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
     free(r.out);
-    r = run("GET /item/%zz HTTP/1.1\r\n\r\n");
+    r = run("GET /item/%zz HTTP/1.1\r\nHost: x\r\n\r\n");
     cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
     cr_assert_eq(r.closed, 0);
     free(r.out);
-    r = run("GET http://x/hello HTTP/1.1\r\n\r\n");
+    r = run("GET http://x/hello HTTP/1.1\r\nHost: x\r\n\r\n");
     cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
     free(r.out);
 }
 
 Test(http, no_content)
 {
-    struct result r = run("DELETE /item/x HTTP/1.1\r\n\r\n");
+    struct result r = run("DELETE /item/x HTTP/1.1\r\nHost: x\r\n\r\n");
     cr_assert_str_eq(r.out, "HTTP/1.1 204 No Content\r\n\r\n");
     free(r.out);
 }
@@ -411,7 +412,7 @@ Test(http, header_timeout)
 Test(http, deferred_in_order_and_cancel)
 {
     struct conn *c = conn_new_test(&app);
-    const char *in = "GET /async HTTP/1.1\r\n\r\nGET /hello HTTP/1.1\r\n\r\n";
+    const char *in = "GET /async HTTP/1.1\r\nHost: x\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
     conn_feed(c, in, strlen(in));
     cr_assert_eq(conn_test_output(c)->len, 0, "the second answer overtook the first");
     cr_assert_not_null(deferred);
@@ -425,21 +426,22 @@ Test(http, deferred_in_order_and_cancel)
     cr_assert_eq(cancelled, 0);
 
     c = conn_new_test(&app);
-    conn_feed(c, "GET /async HTTP/1.1\r\n\r\n", 23);
+    const char *one = "GET /async HTTP/1.1\r\nHost: x\r\n\r\n";
+    conn_feed(c, one, strlen(one));
     conn_free_test(c);
     cr_assert_eq(cancelled, 1);
 }
 
 Test(http, eof_answers_complete_requests)
 {
-    const char *in = "GET /hello HTTP/1.1\r\n\r\nGET /hel";
+    const char *in = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\nGET /hel";
     struct result r = feed(in, strlen(in), 0, 1);
     cr_assert_eq(count(r.out, "HTTP/1.1 200"), 1);
     cr_assert_eq(r.closed, 1);
     free(r.out);
     /* Answers still waiting when the peer half-closes are sent, the last
      * one saying it is the last. */
-    in = "GET /async HTTP/1.1\r\n\r\nGET /hello HTTP/1.1\r\n\r\n";
+    in = "GET /async HTTP/1.1\r\nHost: x\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
     struct conn *c = conn_new_test(&app);
     conn_feed(c, in, strlen(in));
     cr_assert_eq(conn_feed_eof(c), 0);
@@ -453,7 +455,7 @@ Test(http, eof_answers_complete_requests)
 
 Test(http, expect_continue)
 {
-    struct result r = run("POST /echo HTTP/1.1\r\nContent-Type: application/json\r\n"
+    struct result r = run("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                           "Expect: 100-continue\r\nContent-Length: 2\r\n\r\n{}");
     cr_assert(strncmp(r.out, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 ", 38) == 0, "%s", r.out);
     free(r.out);
@@ -715,6 +717,51 @@ Test(http, total_body_budget_inclusive_and_per_connection)
     app.cfg.max_total_body_bytes = 1000;
     r = run(req);
     cr_assert(strstr(r.out, "HTTP/1.1 200 "), "%s", r.out);
+    free(r.out);
+}
+
+Test(http, host_required_once)
+{
+    /* HTTP/1.1 needs exactly one Host. */
+    struct result r = run("GET /hello HTTP/1.1\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+    cr_assert(strstr(r.out, "\"code\":\"invalid_argument\""), "%s", r.out);
+    cr_assert(strstr(r.out, "Host"), "%s", r.out);
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+    r = run("GET /hello HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+    cr_assert(!strstr(r.out, "{\"hello\":1}"), "%s", r.out);
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+    r = run("GET /hello HTTP/1.1\r\nhOsT: a\r\nX: 1\r\nHOST: a\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+    free(r.out);
+    /* Earlier requests are answered first; the one without Host ends it. */
+    r = run("GET /hello HTTP/1.1\r\nHost: x\r\n\r\nGET /hello HTTP/1.1\r\n\r\n"
+            "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
+    cr_assert_eq(count(r.out, "HTTP/1.1 "), 2, "%s", r.out);
+    cr_assert(strstr(r.out, "HTTP/1.1 200 ") < strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+    /* HTTP/1.0 may omit it, but not repeat it. */
+    r = run("GET /hello HTTP/1.0\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 200 "), "%s", r.out);
+    free(r.out);
+    r = run("GET /hello HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+    free(r.out);
+    /* Names that only start like it, and a Host in a trailer, do not count. */
+    r = run("GET /hello HTTP/1.1\r\nHost: x\r\nHostname: y\r\nX-Host: z\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 200 "), "%s", r.out);
+    free(r.out);
+    r = run("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nHost: y\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 200 "), "%s", r.out);
+    free(r.out);
+    r = run("POST /echo HTTP/1.1\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nHost: y\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
     free(r.out);
 }
 
