@@ -9,7 +9,8 @@
  *   ack.c             answers deferred until their records are durable,
  *                     and the undo of requests whose records failed
  *   snapshot.c        the fork()ed copy-on-write snapshot and its reaping
- *   restore.c         start: snapshot load, journal replay, torn tails
+ *   restore.c         start: the checks of data_dir's files, snapshot
+ *                     load, journal replay, torn tails
  *   secret.c          the page-token secret file
  *   files.c           file helpers shared by the above
  *   store.c           the key store interface below
@@ -18,9 +19,10 @@
  * loop thread, anyone holding mu, or the writer thread. The snapshot child
  * reads only its copy-on-write image and writes only its own files.
  *
- * Errors: every function returns 0 or a negative KVIDX_E* code. File
- * helpers that fail describe the failure (operation, file, the system's
- * reason) in a struct why for the caller to log or keep; they log nothing.
+ * Errors: every fallible function returns 0 or a negative KVIDX_E* code
+ * (predicates say 1 or 0). File helpers that fail describe the failure
+ * (operation, file, the system's reason) in a struct why for the caller
+ * to log or keep; they log nothing.
  */
 #ifndef KVIDXD_PERSIST_INT_H
 #define KVIDXD_PERSIST_INT_H

@@ -14,6 +14,12 @@
  * state it names; a torn or corrupt record ends its journal, which is
  * truncated there (and fsynced) so that later appends never sit behind
  * garbage. A journal with a damaged header is set aside as .bad.
+ * Nothing is deleted or truncated on the word of a file that cannot be
+ * right: a generation at the end of its range, a snapshot claiming
+ * journals it cannot cover, or anything but a regular file under one of
+ * our names stops the start instead. A key that breaks the key rules is
+ * skipped and counted (no request could name it), the rest of its file
+ * applied.
  */
 #include "state/persist/persist_int.h"
 
@@ -29,7 +35,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
