@@ -80,8 +80,9 @@ struct conn {
     char hname[HNAME_MAX];
     size_t hname_len;
     int hname_over;
-    int hwhich; /* enum header_kind of the field being received */
-    int nhost;  /* Host lines among the request's header fields */
+    int hname_ws; /* the name being received has a space or tab */
+    int hwhich;   /* enum header_kind of the field being received */
+    int nhost;    /* Host lines among the request's header fields */
     char expect[EXPECT_MAX];
     size_t expect_len;
 

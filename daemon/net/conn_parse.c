@@ -68,6 +68,7 @@ static int cb_message_begin(llhttp_t *h)
     c->hname_len = 0;
     c->hname_over = 0;
     c->hwhich = H_OTHER;
+    c->hname_ws = 0;
     c->nhost = 0;
     c->expect_len = 0;
     c->nreq++;
@@ -127,6 +128,10 @@ static int cb_header_field(llhttp_t *h, const char *at, size_t n)
     int rc = count_header(c, n);
     if (rc)
         return cb_fail(c, rc);
+    /* Judged when the name is complete, so that where the input was split
+     * does not change which error is reported. */
+    if (memchr(at, ' ', n) || memchr(at, '\t', n))
+        c->hname_ws = 1;
     if (c->hname_len + n >= sizeof(c->hname)) {
         c->hname_over = 1;
         return 0;
@@ -159,6 +164,11 @@ static int cb_header_field_complete(llhttp_t *h)
     struct pending *p = c->cur;
     c->hname[c->hname_len] = '\0';
     c->hwhich = H_OTHER;
+    /* llhttp lets "Name : value" through with the space in the name. No
+     * whitespace may stand in a field name or before its colon: a
+     * recipient that trimmed it would read another header than we do. */
+    if (c->hname_ws)
+        return cb_fail_detail(c, KVIDX_EBADREQUEST, "A header field name contains whitespace.");
     /* Fields after a chunked body are trailers, not headers: they are
      * counted towards the header block but never kept, so no trailer can
      * supply or change a Content-Type, an Authorization or a Host. */

@@ -321,6 +321,12 @@ class Transport(unittest.TestCase):
             assert_problem(self, r, 400, "invalid_argument")
             self.assertTrue(c.closed_by_peer())
 
+    def test_space_before_colon(self):
+        with Conn(self.d) as c:
+            c.send(b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A : 1\r\n\r\n")
+            assert_problem(self, c.read_response(), 400, "invalid_argument")
+            self.assertTrue(c.closed_by_peer())
+
     def test_header_timeout(self):
         with Conn(self.d) as c:
             t0 = time.monotonic()

@@ -765,6 +765,31 @@ Test(http, host_required_once)
     free(r.out);
 }
 
+Test(http, whitespace_in_header_name)
+{
+    /* "Host : x" is not a Host header, nor any other: 400 and close. */
+    const char *bad[] = {
+        "GET /hello HTTP/1.1\r\nHost : x\r\n\r\n",
+        "GET /hello HTTP/1.1\r\nHost: x\r\nContent-Type : text/plain\r\n\r\n",
+        "GET /hello HTTP/1.1\r\nHost: x\r\nX-A\t: 1\r\n\r\n",
+        "GET /hello HTTP/1.1\r\nHost: x\r\nX A: 1\r\n\r\n",
+        "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-T : 1\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct result r = run(bad[i]);
+        cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+        cr_assert_eq(count(r.out, "HTTP/1.1 "), 1, "%s", r.out);
+        cr_assert(strstr(r.out, "Connection: close"), "%s", r.out);
+        cr_assert_eq(r.closed, 1);
+        free(r.out);
+    }
+    /* Whitespace after the colon is fine. */
+    struct result r = run("GET /hello HTTP/1.1\r\nHost:x\r\nX-A:   1  \r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 200 "), "%s", r.out);
+    free(r.out);
+}
+
 Test(query, get_and_decode)
 {
     char out[16];
