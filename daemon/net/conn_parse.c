@@ -259,6 +259,7 @@ static enum http_method map_method(uint8_t m)
  * recorded (llhttp's convention, for cb_headers_complete). */
 static int check_head(struct conn *c, llhttp_t *h)
 {
+    int http10 = h->http_major == 1 && h->http_minor == 0;
     /* After a CONNECT the client sends tunnel bytes, not HTTP: answer it
      * once and parse nothing more. The answer's Allow is empty: the target
      * (an authority, not a path) is no resource of ours. */
@@ -267,8 +268,13 @@ static int check_head(struct conn *c, llhttp_t *h)
     /* Exactly one Host; only HTTP/1.0 may omit it. */
     if (c->nhost > 1)
         return cb_fail_detail(c, KVIDX_EBADREQUEST, "The request has more than one Host header.");
-    if (c->nhost == 0 && !(h->http_major == 1 && h->http_minor == 0))
+    if (c->nhost == 0 && !http10)
         return cb_fail_detail(c, KVIDX_EBADREQUEST, "A Host header is required (HTTP/1.1).");
+    /* HTTP/1.0 has no transfer codings: a Transfer-Encoding there means
+     * the body's framing cannot be trusted, whatever else is announced. */
+    if (http10 && (h->flags & F_TRANSFER_ENCODING))
+        return cb_fail_detail(c, KVIDX_EBADREQUEST,
+                              "Transfer-Encoding is not allowed in HTTP/1.0.");
     return 0;
 }
 

@@ -790,6 +790,30 @@ Test(http, whitespace_in_header_name)
     free(r.out);
 }
 
+Test(http, transfer_encoding_on_http10)
+{
+    /* HTTP/1.0 has no transfer codings: the framing cannot be trusted. */
+    struct result r = run("POST /echo HTTP/1.0\r\nContent-Type: application/json\r\n"
+                          "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+    cr_assert(!strstr(r.out, "{\"len\":"), "%s", r.out);
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+    r = run("POST /echo HTTP/1.0\r\nConnection: keep-alive\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+            "GET /hello HTTP/1.0\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+    cr_assert_eq(count(r.out, "HTTP/1.1 "), 1, "%s", r.out);
+    cr_assert(strstr(r.out, "Connection: close"), "%s", r.out);
+    cr_assert_eq(r.closed, 1);
+    free(r.out);
+    /* The same body in HTTP/1.1 is fine. */
+    r = run("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n");
+    cr_assert(strstr(r.out, "{\"len\":2,"), "%s", r.out);
+    free(r.out);
+}
+
 Test(query, get_and_decode)
 {
     char out[16];
