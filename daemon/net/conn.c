@@ -224,6 +224,8 @@ static const char *reason(int status)
         return "Not Implemented";
     case 503:
         return "Service Unavailable";
+    case 505:
+        return "HTTP Version Not Supported";
     case 507:
         return "Insufficient Storage";
     default:

@@ -19,12 +19,20 @@ enum {
     BIG_BUF = 1u << 20, /* output buffers above this are freed, not kept */
     HNAME_MAX = 32,     /* longest header name we care about, plus room */
     EXPECT_MAX = 32,
+    TE_MAX = 64, /* Transfer-Encoding kept to check its codings; longer is refused */
 };
 
 enum timer_action { T_NONE = 0, T_408, T_CLOSE };
 
 /* The header fields the connection looks at; the others are only counted. */
-enum header_kind { H_OTHER = 0, H_CONTENT_TYPE, H_AUTHORIZATION, H_EXPECT, H_HOST };
+enum header_kind {
+    H_OTHER = 0,
+    H_CONTENT_TYPE,
+    H_AUTHORIZATION,
+    H_EXPECT,
+    H_HOST,
+    H_TRANSFER_ENCODING,
+};
 
 /* One request from its first byte to its answer: owns every string the
  * handler sees (the request) and the answer being built (the response). */
@@ -85,6 +93,9 @@ struct conn {
     int nhost;    /* Host lines among the request's header fields */
     char expect[EXPECT_MAX];
     size_t expect_len;
+    char te[TE_MAX]; /* Transfer-Encoding lines, joined with ',' */
+    size_t te_len;
+    int te_over; /* they did not fit in te */
 
     uint64_t nreq;      /* requests begun on this connection */
     uint64_t anchor_ms; /* accept or end of the previous answer */

@@ -71,6 +71,8 @@ static int cb_message_begin(llhttp_t *h)
     c->hname_ws = 0;
     c->nhost = 0;
     c->expect_len = 0;
+    c->te_len = 0;
+    c->te_over = 0;
     c->nreq++;
     /* The header timeout runs from accept / the end of the previous answer;
      * a client that was idle past it gets a fresh period from its first
@@ -141,6 +143,45 @@ static int cb_header_field(llhttp_t *h, const char *at, size_t n)
     return 0;
 }
 
+/* Keeps a piece of a Transfer-Encoding value; one too long to keep is
+ * marked, and refused by check_codings. */
+static void keep_te(struct conn *c, const char *at, size_t n)
+{
+    if (c->te_len + n >= sizeof(c->te)) {
+        c->te_over = 1;
+        return;
+    }
+    memcpy(c->te + c->te_len, at, n);
+    c->te_len += n;
+}
+
+/* The transfer codings of a chunked request (llhttp has checked that the
+ * last one is chunked): "chunked" is the only one we can undo. Returns 0,
+ * KVIDX_ENOTIMPL for another coding, or KVIDX_EBADREQUEST when chunked is
+ * applied more than once. */
+static int check_codings(const struct conn *c)
+{
+    if (c->te_over)
+        return KVIDX_ENOTIMPL;
+    size_t nchunked = 0, i = 0;
+    while (i < c->te_len) {
+        size_t end = i;
+        while (end < c->te_len && c->te[end] != ',')
+            end++;
+        size_t a = i, b = end;
+        while (a < b && (c->te[a] == ' ' || c->te[a] == '\t'))
+            a++;
+        while (b > a && (c->te[b - 1] == ' ' || c->te[b - 1] == '\t'))
+            b--;
+        if (b - a == 7 && strncasecmp(c->te + a, "chunked", 7) == 0)
+            nchunked++;
+        else if (b > a)
+            return KVIDX_ENOTIMPL; /* an empty list element is allowed */
+        i = end + 1;
+    }
+    return nchunked > 1 ? KVIDX_EBADREQUEST : 0;
+}
+
 static enum header_kind header_kind(const char *name)
 {
     static const struct {
@@ -151,6 +192,7 @@ static enum header_kind header_kind(const char *name)
         {"authorization", H_AUTHORIZATION},
         {"expect", H_EXPECT},
         {"host", H_HOST},
+        {"transfer-encoding", H_TRANSFER_ENCODING},
     };
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
         if (strcasecmp(name, known[i].name) == 0)
@@ -191,6 +233,10 @@ static int cb_header_field_complete(llhttp_t *h)
     case H_HOST:
         c->nhost++;
         break;
+    case H_TRANSFER_ENCODING:
+        if (c->te_len > 0)
+            keep_te(c, ",", 1);
+        break;
     default:
         break;
     }
@@ -220,6 +266,9 @@ static int cb_header_value(llhttp_t *h, const char *at, size_t n)
             memcpy(c->expect + c->expect_len, at, n);
             c->expect_len += n;
         }
+        break;
+    case H_TRANSFER_ENCODING:
+        keep_te(c, at, n);
         break;
     default:
         break;
@@ -275,6 +324,11 @@ static int check_head(struct conn *c, llhttp_t *h)
     if (http10 && (h->flags & F_TRANSFER_ENCODING))
         return cb_fail_detail(c, KVIDX_EBADREQUEST,
                               "Transfer-Encoding is not allowed in HTTP/1.0.");
+    int rc = (h->flags & F_CHUNKED) ? check_codings(c) : 0;
+    if (rc == KVIDX_ENOTIMPL)
+        return cb_fail_detail(c, rc, "Only the chunked transfer coding is supported.");
+    if (rc)
+        return cb_fail_detail(c, rc, "The chunked transfer coding is applied more than once.");
     return 0;
 }
 

@@ -321,6 +321,16 @@ class Transport(unittest.TestCase):
             assert_problem(self, r, 400, "invalid_argument")
             self.assertTrue(c.closed_by_peer())
 
+    def test_transfer_coding_not_implemented(self):
+        with Conn(self.d) as c:
+            c.send(b"PUT /v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   b"Content-Type: application/json\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                   b"2\r\n{}\r\n0\r\n\r\n" + build_request("GET", "/livez"))
+            r = c.read_response()
+            assert_problem(self, r, 501, "not_implemented")
+            self.assertEqual(r.headers.get("connection"), "close")
+            self.assertEqual(rest_until_close(c), b"")
+
     def test_chunked_on_http10(self):
         with Conn(self.d) as c:
             c.send(b"PUT /v1/keys HTTP/1.0\r\nConnection: keep-alive\r\n"

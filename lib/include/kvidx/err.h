@@ -36,13 +36,15 @@
     XX(ENOMEM, -24, 503, "internal", "Out of memory")                                              \
     XX(ECONNLIMIT, -25, 503, "too_many_connections", "Too many connections")                       \
     XX(ENOBUFS, -26, 500, "internal", "Buffer too small")                                          \
-    XX(EBADREQUEST, -27, 400, "invalid_argument", "Bad request")
+    XX(EBADREQUEST, -27, 400, "invalid_argument", "Bad request")                                   \
+    XX(ENOTIMPL, -28, 501, "not_implemented", "Not implemented")                                   \
+    XX(EHTTPVERSION, -29, 505, "http_version_not_supported", "HTTP version not supported")
 
 typedef enum {
 #define KVIDX_ERR_ENUM(name, value, status, code, title) KVIDX_##name = value,
     KVIDX_ERRNO_MAP(KVIDX_ERR_ENUM)
 #undef KVIDX_ERR_ENUM
-        KVIDX_ERR_MIN = -28
+        KVIDX_ERR_MIN = -30
 } kvidx_errno_t;
 
 /* The symbolic name ("KVIDX_EKEY"), or "KVIDX_EUNKNOWN" for a code not in the table. */

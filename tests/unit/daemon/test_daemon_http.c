@@ -814,6 +814,51 @@ Test(http, transfer_encoding_on_http10)
     free(r.out);
 }
 
+#define POST_TE(te)                                                                                \
+    "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"                         \
+    "Transfer-Encoding: " te "\r\n\r\n2\r\n{}\r\n0\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+
+Test(http, transfer_codings_other_than_chunked)
+{
+    /* A coding we cannot undo (gzip before chunked): 501, once, and close. */
+    const char *unknown[] = {
+        POST_TE("gzip, chunked"),
+        POST_TE("identity,chunked"),
+        POST_TE("x-custom ,  chunked"),
+        "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
+        struct result r = run(unknown[i]);
+        cr_assert(strstr(r.out, "HTTP/1.1 501 Not Implemented\r\n"), "%s", r.out);
+        cr_assert(strstr(r.out, "\"code\":\"not_implemented\""), "%s", r.out);
+        cr_assert(strstr(r.out, "\"status\":501"), "%s", r.out);
+        cr_assert(!strstr(r.out, "gzip") && !strstr(r.out, "x-custom"), "%s", r.out);
+        cr_assert_eq(count(r.out, "HTTP/1.1 "), 1, "%s", r.out);
+        cr_assert_eq(r.closed, 1);
+        free(r.out);
+    }
+    /* chunked alone, in any case, and with empty list elements, is served. */
+    const char *fine[] = {POST_TE("chunked"), POST_TE("Chunked"), POST_TE(", chunked")};
+    for (size_t i = 0; i < sizeof(fine) / sizeof(fine[0]); i++) {
+        struct result r = run(fine[i]);
+        cr_assert(strstr(r.out, "{\"len\":2,"), "%s", r.out);
+        cr_assert(strstr(r.out, "{\"hello\":1}"), "%s", r.out);
+        cr_assert_eq(r.closed, 0);
+        free(r.out);
+    }
+    /* chunked twice, or a last coding that is not chunked: the body's end
+     * cannot be found, 400. */
+    const char *bad[] = {POST_TE("chunked, chunked"), POST_TE("gzip")};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct result r = run(bad[i]);
+        cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+        cr_assert_eq(count(r.out, "HTTP/1.1 "), 1, "%s", r.out);
+        cr_assert_eq(r.closed, 1);
+        free(r.out);
+    }
+}
+
 Test(query, get_and_decode)
 {
     char out[16];
