@@ -84,6 +84,8 @@ struct conn {
     const char *err_detail; /* its static detail text, or NULL for the default */
 
     int in_message, headers_done;
+    char version[4]; /* the request line's version digits, e.g. "1.1" */
+    size_t version_len;
     size_t header_bytes;
     char hname[HNAME_MAX];
     size_t hname_len;

@@ -73,6 +73,7 @@ static int cb_message_begin(llhttp_t *h)
     c->expect_len = 0;
     c->te_len = 0;
     c->te_over = 0;
+    c->version_len = 0;
     c->nreq++;
     /* The header timeout runs from accept / the end of the previous answer;
      * a client that was idle past it gets a fresh period from its first
@@ -116,6 +117,32 @@ static int body_charge(struct conn *c, struct pending *p, uint64_t total)
 }
 
 #define BUDGET_DETAIL "The server holds too many request bodies at once; retry later."
+
+static int cb_version(llhttp_t *h, const char *at, size_t n)
+{
+    struct conn *c = h->data;
+    for (size_t i = 0; i < n && c->version_len < sizeof(c->version); i++)
+        c->version[c->version_len++] = at[i];
+    return 0;
+}
+
+#define VERSION_DETAIL "This server speaks HTTP/1.x only."
+
+/* llhttp accepts HTTP/0.9 and HTTP/2.0 request lines; we serve only 1.x. */
+static int cb_version_complete(llhttp_t *h)
+{
+    struct conn *c = h->data;
+    return h->http_major == 1 ? 0 : cb_fail_detail(c, KVIDX_EHTTPVERSION, VERSION_DETAIL);
+}
+
+/* llhttp refuses other versions (HTTP/3.0) as malformed: a well-formed
+ * one ("D.D") with a major other than 1 is an unsupported version. */
+static int version_unsupported(const struct conn *c)
+{
+    const char *v = c->version;
+    return c->version_len == 3 && v[0] >= '0' && v[0] <= '9' && v[0] != '1' && v[1] == '.' &&
+           v[2] >= '0' && v[2] <= '9';
+}
 
 /* Counts n more bytes of the header block. Returns 0 or KVIDX_EHEADERSIZE. */
 static int count_header(struct conn *c, size_t n)
@@ -468,6 +495,8 @@ static void init_settings(void)
     llhttp_settings_init(&parser_settings);
     parser_settings.on_message_begin = cb_message_begin;
     parser_settings.on_url = cb_url;
+    parser_settings.on_version = cb_version;
+    parser_settings.on_version_complete = cb_version_complete;
     parser_settings.on_header_field = cb_header_field;
     parser_settings.on_header_field_complete = cb_header_field_complete;
     parser_settings.on_header_value = cb_header_value;
@@ -516,6 +545,10 @@ static void parse_failed(struct conn *c, llhttp_errno_t e)
         c->err = 0;
         c->err_detail = NULL;
         conn_queue_error(c, err, detail);
+        return;
+    }
+    if (e == HPE_INVALID_VERSION && version_unsupported(c)) {
+        conn_queue_error(c, KVIDX_EHTTPVERSION, VERSION_DETAIL);
         return;
     }
     /* llhttp's error names are static text, never request bytes. */

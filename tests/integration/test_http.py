@@ -331,6 +331,15 @@ class Transport(unittest.TestCase):
             self.assertEqual(r.headers.get("connection"), "close")
             self.assertEqual(rest_until_close(c), b"")
 
+    def test_http_version_not_supported(self):
+        for version in (b"2.0", b"3.0"):
+            with Conn(self.d) as c:
+                c.send(b"GET /livez HTTP/" + version + b"\r\nHost: 127.0.0.1\r\n\r\n")
+                r = c.read_response()
+                assert_problem(self, r, 505, "http_version_not_supported")
+                self.assertEqual(r.headers.get("connection"), "close")
+                self.assertTrue(c.closed_by_peer())
+
     def test_chunked_on_http10(self):
         with Conn(self.d) as c:
             c.send(b"PUT /v1/keys HTTP/1.0\r\nConnection: keep-alive\r\n"

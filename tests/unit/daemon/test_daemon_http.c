@@ -859,6 +859,38 @@ Test(http, transfer_codings_other_than_chunked)
     }
 }
 
+Test(http, http_version_not_supported)
+{
+    /* Any major version but 1: 505, then close. */
+    const char *other[] = {
+        "GET /hello HTTP/2.0\r\nHost: x\r\n\r\n",
+        "GET /hello HTTP/3.0\r\nHost: x\r\n\r\n",
+        "GET /hello HTTP/9.9\r\nHost: x\r\n\r\n",
+        "GET /hello HTTP/0.9\r\nHost: x\r\n\r\n",
+        "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        "GET /hello HTTP/1.1\r\nHost: x\r\n\r\nGET /hello HTTP/2.0\r\nHost: x\r\n\r\n"
+        "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
+        struct result r = run(other[i]);
+        cr_assert(strstr(r.out, "HTTP/1.1 505 HTTP Version Not Supported\r\n"), "%s", r.out);
+        cr_assert(strstr(r.out, "\"code\":\"http_version_not_supported\""), "%s", r.out);
+        cr_assert(strstr(r.out, "\"status\":505"), "%s", r.out);
+        cr_assert(strstr(r.out, "Connection: close\r\n"), "%s", r.out);
+        cr_assert_eq(count(r.out, "HTTP/1.1 5"), 1, "%s", r.out);
+        cr_assert_eq(count(r.out, "HTTP/1.1 200 "), i == 5, "%s", r.out);
+        cr_assert_eq(r.closed, 1);
+        free(r.out);
+    }
+    /* What is no HTTP version at all stays a bad request. */
+    struct result r = run("GET /hello HTTP/12.0\r\nHost: x\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+    free(r.out);
+    r = run("GET /hello HTTP/x.1\r\nHost: x\r\n\r\n");
+    cr_assert(strstr(r.out, "HTTP/1.1 400 "), "%s", r.out);
+    free(r.out);
+}
+
 Test(query, get_and_decode)
 {
     char out[16];
