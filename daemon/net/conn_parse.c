@@ -3,8 +3,15 @@
  * request limits, and the hand-off of each complete request to the router.
  *
  * Owns: c->parser, the request being parsed (c->cur) and its copies of the
- * URL, the headers we keep (Content-Type, Authorization, Expect) and the
- * body; the input kept while parsing is paused (c->in).
+ * URL, the headers we keep (Content-Type, Authorization) and the body; what
+ * the head's checks need (Expect, the Host count, Transfer-Encoding, the
+ * version); the input kept while parsing is paused (c->in).
+ *
+ * The checks llhttp leaves to us: exactly one Host (HTTP/1.0 may omit it),
+ * no whitespace in or before a field name's colon, chunked as the only
+ * transfer coding and none in HTTP/1.0, major version 1 (505 otherwise),
+ * CONNECT answered once. An upgrade offer is declined by going on in
+ * HTTP/1.1. Fields in a chunked trailer are never kept.
  *
  * Invariants:
  *   - memory per request is bounded: URL <= max_uri_bytes, header block
@@ -20,7 +27,9 @@
  *   - after a limit or parse error the parser is never run again on the
  *     connection (conn_queue_error sets stop_parsing);
  *   - no pointer into the caller's bytes survives llhttp_execute: what is
- *     kept is copied into the request's buffers or into c->in.
+ *     kept is copied into the request's buffers or into c->in;
+ *   - the answer does not depend on how the input was split into feeds:
+ *     a check on a header name runs when the name is complete.
  *
  * Internal helpers return 0 or a negative KVIDX_E*; only the llhttp
  * callbacks speak llhttp's convention (0, -1, HPE_PAUSED).
@@ -330,33 +339,36 @@ static enum http_method map_method(uint8_t m)
     }
 }
 
-/* The checks of a complete request head that do not depend on the body.
- * Each refusal ends the connection. Returns 0, or -1 once the reason is
- * recorded (llhttp's convention, for cb_headers_complete). */
-static int check_head(struct conn *c, llhttp_t *h)
+/* The checks of a complete request head that do not depend on the body;
+ * each refusal ends the connection. Returns 0, or a KVIDX_E* code with its
+ * static detail text in *detail. */
+static int check_head(const struct conn *c, llhttp_t *h, const char **detail)
 {
     int http10 = h->http_major == 1 && h->http_minor == 0;
     /* After a CONNECT the client sends tunnel bytes, not HTTP: answer it
      * once and parse nothing more. The answer's Allow is empty: the target
      * (an authority, not a path) is no resource of ours. */
-    if (llhttp_get_method(h) == HTTP_CONNECT)
-        return cb_fail_detail(c, KVIDX_EMETHOD, "CONNECT is not supported: this is not a proxy.");
+    if (llhttp_get_method(h) == HTTP_CONNECT) {
+        *detail = "CONNECT is not supported: this is not a proxy.";
+        return KVIDX_EMETHOD;
+    }
     /* Exactly one Host; only HTTP/1.0 may omit it. */
-    if (c->nhost > 1)
-        return cb_fail_detail(c, KVIDX_EBADREQUEST, "The request has more than one Host header.");
-    if (c->nhost == 0 && !http10)
-        return cb_fail_detail(c, KVIDX_EBADREQUEST, "A Host header is required (HTTP/1.1).");
+    if (c->nhost > 1 || (c->nhost == 0 && !http10)) {
+        *detail = c->nhost ? "The request has more than one Host header."
+                           : "A Host header is required (HTTP/1.1).";
+        return KVIDX_EBADREQUEST;
+    }
     /* HTTP/1.0 has no transfer codings: a Transfer-Encoding there means
      * the body's framing cannot be trusted, whatever else is announced. */
-    if (http10 && (h->flags & F_TRANSFER_ENCODING))
-        return cb_fail_detail(c, KVIDX_EBADREQUEST,
-                              "Transfer-Encoding is not allowed in HTTP/1.0.");
+    if (http10 && (h->flags & F_TRANSFER_ENCODING)) {
+        *detail = "Transfer-Encoding is not allowed in HTTP/1.0.";
+        return KVIDX_EBADREQUEST;
+    }
     int rc = (h->flags & F_CHUNKED) ? check_codings(c) : 0;
-    if (rc == KVIDX_ENOTIMPL)
-        return cb_fail_detail(c, rc, "Only the chunked transfer coding is supported.");
     if (rc)
-        return cb_fail_detail(c, rc, "The chunked transfer coding is applied more than once.");
-    return 0;
+        *detail = rc == KVIDX_ENOTIMPL ? "Only the chunked transfer coding is supported."
+                                       : "The chunked transfer coding is applied more than once.";
+    return rc;
 }
 
 static int cb_headers_complete(llhttp_t *h)
@@ -367,8 +379,10 @@ static int cb_headers_complete(llhttp_t *h)
     p->req.method = map_method(llhttp_get_method(h));
     p->req.method_name = llhttp_method_name((llhttp_method_t)llhttp_get_method(h));
     p->head_only = p->req.method == M_HEAD;
-    if (check_head(c, h) != 0)
-        return -1;
+    const char *detail = NULL;
+    int rc = check_head(c, h, &detail);
+    if (rc)
+        return cb_fail_detail(c, rc, detail);
     if ((h->flags & F_CONTENT_LENGTH) && h->content_length > c->app->cfg.max_body_bytes)
         return cb_fail(c, KVIDX_EBODYSIZE);
     /* An announced body counts in full before any of it is read, so that
