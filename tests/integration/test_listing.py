@@ -55,7 +55,8 @@ class Base(unittest.TestCase):
                 {"key": k, "size_bytes": size or (1 + j % 1000)} for j, k in enumerate(part)]},
                 timeout=30)
             self.assertEqual(r.status, 200, r)
-            self.assertEqual(r.json(), {"stored": len(part)})
+            # A key named twice in one batch is stored and counted once.
+            self.assertEqual(r.json(), {"stored": len({ident(k) for k in part})})
 
     def delete(self, keys):
         r = self.d.request("DELETE", "/v1/keys", {"keys": keys})

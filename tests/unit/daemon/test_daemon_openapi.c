@@ -114,10 +114,18 @@ static void parse_paths(const char *text, struct doc *d)
     }
 }
 
+/* The router's wildcard: '*', or '#' (the same match, but an encoded NUL
+ * reaches the handler). */
+static const char *wildcard(const char *pat)
+{
+    const char *w = strchr(pat, '*');
+    return w ? w : strchr(pat, '#');
+}
+
 /* Does the documented path `doc` name route pattern `pat`? */
 static int documents(const char *pat, const char *doc)
 {
-    const char *star = strchr(pat, '*');
+    const char *star = wildcard(pat);
     if (!star)
         return strcmp(pat, doc) == 0;
     size_t pre = (size_t)(star - pat), post = strlen(star + 1), n = strlen(doc);
@@ -134,10 +142,10 @@ static int documents(const char *pat, const char *doc)
     return close + 1 == mid_end || close[1] == '/';
 }
 
-/* The router's own match: one '*' standing for one or more bytes. */
+/* The router's own match: one wildcard standing for one or more bytes. */
 static int route_matches(const char *pat, const char *path)
 {
-    const char *star = strchr(pat, '*');
+    const char *star = wildcard(pat);
     if (!star)
         return strcmp(pat, path) == 0;
     size_t pre = (size_t)(star - pat), post = strlen(star + 1), n = strlen(path);
