@@ -17,6 +17,7 @@
  * until it is freed, and the answer loop only ever takes the head of
  * p->ready, so cancelling any waiter from inside an answer is safe.
  */
+#include "state/persist/persist.h"
 #include "state/persist/persist_int.h"
 
 #include "state/layouts.h"

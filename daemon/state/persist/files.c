@@ -11,6 +11,7 @@
  * one of ours is refused, not waited on. The helpers log nothing; their
  * callers decide what a failure means.
  */
+#include "state/persist/persist.h"
 #include "state/persist/persist_int.h"
 
 #include "kvidx/err.h"

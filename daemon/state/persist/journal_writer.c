@@ -24,6 +24,7 @@
  * again. Nothing encoded is ever dropped while the process lives, and a
  * position never counts bytes that were not encoded.
  */
+#include "state/persist/persist.h"
 #include "state/persist/persist_int.h"
 
 #include "util/log.h"

@@ -12,6 +12,7 @@
  * while the journal cannot be written (or has a gap), write requests are
  * refused before they change anything.
  */
+#include "state/persist/persist.h"
 #include "state/persist/persist_int.h"
 
 #include "state/keystore.h"

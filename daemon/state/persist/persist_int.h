@@ -27,7 +27,7 @@
 #ifndef KVIDXD_PERSIST_INT_H
 #define KVIDXD_PERSIST_INT_H
 
-#include "state/persist/persist.h"
+#include "net/http.h"
 
 #include "util/config.h"
 #include "util/json_write.h"

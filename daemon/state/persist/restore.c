@@ -21,6 +21,7 @@
  * skipped and counted (no request could name it), the rest of its file
  * applied.
  */
+#include "state/persist/persist.h"
 #include "state/persist/persist_int.h"
 
 #include "state/layouts.h"

@@ -9,6 +9,7 @@
  * new secret would silently invalidate every token handed out). Copies of
  * the secret in memory are wiped once the keyring holds it.
  */
+#include "state/persist/persist.h"
 #include "state/persist/persist_int.h"
 
 #include "util/log.h"

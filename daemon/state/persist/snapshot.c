@@ -17,6 +17,7 @@
  * idempotent states). snapshot.kvs is only replaced by a complete, fsynced
  * file, and a journal is only deleted once a durable snapshot covers it.
  */
+#include "state/persist/persist.h"
 #include "state/persist/persist_int.h"
 
 #include "util/context.h"

@@ -10,6 +10,7 @@
  * loading and temporary L1 copies are never reported as durable, so a
  * state read out and applied back gives the same durable state.
  */
+#include "state/persist/persist.h"
 #include "state/persist/persist_int.h"
 
 #include "kvidx/err.h"
