@@ -320,7 +320,8 @@ int key_request_parse(const struct request *req, struct response *res, enum key_
     p.max = req->app->cfg.max_keys_per_request;
     param_errors_init(&p.pe);
     int rc = 0;
-    if (keyscan_body(req, KEYSCAN_KEYS | KEYSCAN_CHUNK_HASHES, &p.ks) == 0) {
+    if (keyscan_text(req->body, req->body_len, req->app, KEYSCAN_KEYS | KEYSCAN_CHUNK_HASHES,
+                     &p.ks) == 0) {
         p.fast_keys = !p.ks.chunk_hashes;
         p.strs = p.ks.chunk_hashes ? p.ks.strs : NULL;
         kr->body = p.ks.rest;

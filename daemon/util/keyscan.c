@@ -362,11 +362,10 @@ void keyscan_free(struct keyscan *ks)
     memset(ks, 0, sizeof(*ks));
 }
 
-int keyscan_body(const struct request *req, int what, struct keyscan *ks)
+int keyscan_text(const char *body, size_t n, const struct app *app, int what, struct keyscan *ks)
 {
     memset(ks, 0, sizeof(*ks));
-    const struct app *app = req->app;
-    struct cur c = {req->body, req->body + req->body_len};
+    struct cur c = {body, body + n};
     if (expect(&c, '{') != 0)
         return 1;
     int keys = 0;
@@ -403,13 +402,13 @@ int keyscan_body(const struct request *req, int what, struct keyscan *ks)
     const char *a1 = c.p;
     /* The rest: body[..a0) "[]" body[a1..); "[]" counts one value of the
      * array's, whose others json_parse_text adds as extra values. */
-    size_t head = (size_t)(a0 - req->body), tail = (size_t)(req->body + req->body_len - a1);
+    size_t head = (size_t)(a0 - body), tail = (size_t)(body + n - a1);
     char *t = malloc(head + 2 + tail);
     if (!t) {
         keyscan_free(ks);
         return 1;
     }
-    memcpy(t, req->body, head);
+    memcpy(t, body, head);
     memcpy(t + head, "[]", 2);
     memcpy(t + head + 2, a1, tail);
     int rc = json_parse_text(t, head + 2 + tail, app, values - 1, NULL, &ks->rest);

@@ -5,7 +5,7 @@
 #ifndef KVIDXD_KEYSCAN_H
 #define KVIDXD_KEYSCAN_H
 
-#include "net/http.h"
+#include "util/context.h"
 
 #include "kvidx/key.h"
 
@@ -35,7 +35,8 @@ struct keyscan {
 
 enum { KEYSCAN_KEYS = 1, KEYSCAN_CHUNK_HASHES = 2 };
 
-/* Takes req's body on the fast path when it is a JSON object whose "keys"
+/* Takes a request body (n bytes at body; app gives the limits, defaults
+ * when NULL) on the fast path when it is a JSON object whose "keys"
  * member (what has KEYSCAN_KEYS) comes before any member with an object or
  * array value, and whose keys array holds only flat key objects: the five
  * known member names, at most once each, string values without escapes or
@@ -49,7 +50,7 @@ enum { KEYSCAN_KEYS = 1, KEYSCAN_CHUNK_HASHES = 2 };
  * json_parse_body accepts, with the same tree apart from the array, whose
  * elements json_to_key turns into the same keys (or whose strings cJSON
  * reads as the same bytes). */
-int keyscan_body(const struct request *req, int what, struct keyscan *ks);
+int keyscan_text(const char *body, size_t n, const struct app *app, int what, struct keyscan *ks);
 void keyscan_free(struct keyscan *ks);
 
 #endif

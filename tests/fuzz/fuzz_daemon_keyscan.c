@@ -1,6 +1,6 @@
 /*
  * Differential fuzz target for the key-form fast path (daemon/keyscan.c):
- * on any bytes, keyscan_body either falls back, or json_parse_body accepts
+ * on any bytes, keyscan_text either falls back, or json_parse_body accepts
  * the same body, each element of its "keys" array goes through json_to_key
  * to the very key the fast path made, and the fast path's rest tree equals
  * the whole tree with the keys array emptied; for a "chunk_hashes" array
@@ -46,7 +46,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     req.body_len = size;
     req.app = a;
     struct keyscan ks;
-    if (keyscan_body(&req, KEYSCAN_KEYS | KEYSCAN_CHUNK_HASHES, &ks) != 0) {
+    if (keyscan_text(req.body, req.body_len, req.app, KEYSCAN_KEYS | KEYSCAN_CHUNK_HASHES, &ks) !=
+        0) {
         if (ks.rest || ks.keys || ks.strs)
             abort();
         free(body);

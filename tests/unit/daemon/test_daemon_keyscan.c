@@ -2,7 +2,7 @@
  * Differential test of the key-form fast path (daemon/keyscan.c) against
  * the cJSON path it stands in for. For every body generated here, valid
  * ones in many spellings, each kind of invalid one, and seeded random
- * mutations of valid ones, keyscan_body either falls back, or json_parse_body
+ * mutations of valid ones, keyscan_text either falls back, or json_parse_body
  * accepts the same body and the fast path's keys equal what json_to_key
  * makes of each element of "keys", and its rest tree equals cJSON's tree of
  * the whole body with that array emptied. Ipc-form bodies are checked the
@@ -37,7 +37,8 @@ static int diff_check(const char *body, size_t len, struct app *app)
     req.body_len = len;
     req.app = app;
     struct keyscan ks;
-    if (keyscan_body(&req, KEYSCAN_KEYS | KEYSCAN_CHUNK_HASHES, &ks) != 0) {
+    if (keyscan_text(req.body, req.body_len, req.app, KEYSCAN_KEYS | KEYSCAN_CHUNK_HASHES, &ks) !=
+        0) {
         cr_assert_null(ks.rest);
         cr_assert_null(ks.keys);
         cr_assert_null(ks.strs);
