@@ -1,9 +1,10 @@
 /*
- * The daemon's state, one instance, reachable from every request as
- * req->app. Each subsystem owns its struct; app only ties them together.
+ * The daemon's runtime context, one instance, reachable from every request
+ * as req->app. Each subsystem owns its struct, named here only by a pointer;
+ * the composition root (app.c) creates them and ties them together.
  */
-#ifndef KVIDXD_APP_H
-#define KVIDXD_APP_H
+#ifndef KVIDXD_CONTEXT_H
+#define KVIDXD_CONTEXT_H
 
 #include "util/config.h"
 
@@ -12,9 +13,11 @@
 
 struct server;
 struct metrics;
-struct keystore;   /* api_keys.c / api_list.c: the index, layouts, page-token secret */
-struct prefetches; /* api_prefetch.c: handles, leases, loads */
-struct layouts;    /* api_layouts.c: MemoryLayoutDesc registry */
+struct keystore;   /* state/keystore.c: the index and the page-token keyring */
+struct prefetches; /* state/prefetches.c: handles, leases, loads (lib's prefetch table) */
+struct layouts;    /* state/layouts.c: MemoryLayoutDesc registry */
+struct persist;    /* state/persist/: journal and snapshots */
+struct sources;    /* state/sources.c: the outside stores that report L2 copies */
 
 struct app {
     struct config cfg;
@@ -25,7 +28,8 @@ struct app {
     struct keystore *keystore;
     struct prefetches *prefetches;
     struct layouts *layouts;
-    struct persist *persist; /* persist.c: journal and snapshot; NULL without data_dir */
+    struct persist *persist; /* NULL without data_dir */
+    struct sources *sources; /* NULL without l2_source */
     int ready;               /* restored and listening: /readyz 200 */
     int draining;            /* shutting down: /readyz 503 */
     uint64_t started_ms;
