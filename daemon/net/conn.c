@@ -26,6 +26,7 @@
  *   - every uv_*_init is paired with a uv_close, and the connection is
  *     freed in the last close callback.
  */
+#include "net/conn.h"
 #include "net/conn_int.h"
 
 #include "kvidx/err.h"

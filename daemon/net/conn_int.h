@@ -2,12 +2,12 @@
  * Private to the connection: the state that conn_parse.c (llhttp callbacks,
  * request limits, dispatch) and conn.c (the answer queue, serialization,
  * writes, timeouts, close) share. Nothing outside daemon/net/conn*.c
- * includes this header.
+ * includes this header; those files include net/conn.h (the connection's
+ * public types) before it.
  */
 #ifndef KVIDXD_CONN_INT_H
 #define KVIDXD_CONN_INT_H
 
-#include "net/conn.h"
 #include "net/http.h"
 
 #include <llhttp.h>

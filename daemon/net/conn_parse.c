@@ -34,6 +34,7 @@
  * Internal helpers return 0 or a negative KVIDX_E*; only the llhttp
  * callbacks speak llhttp's convention (0, -1, HPE_PAUSED).
  */
+#include "net/conn.h"
 #include "net/conn_int.h"
 
 #include "kvidx/err.h"
