@@ -1,5 +1,6 @@
 /*
- * The keys of a lookup or prefetch body (api/key_request.h).
+ * The keys of a lookup or prefetch body, or of an ipc-form store
+ * (api/key_request.h).
  *
  * Owns the decoding of both body forms into one array of keys. Key-form
  * bodies skip the cJSON tree of their keys, ipc-form ones that of their
@@ -13,6 +14,7 @@
 #include "api/key_request.h"
 
 #include "util/context.h"
+#include "api/body.h"
 #include "util/json_read.h"
 #include "util/keyscan.h"
 
@@ -58,13 +60,20 @@ static void take_members(struct parse *p, enum key_request_kind kind)
     for (const cJSON *m = kr->body->child; m; m = m->next) {
         const char *name = m->string ? m->string : "";
         const cJSON **slot = NULL;
-        if (strcmp(name, "keys") == 0)
+        if (kind != BODY_STORE && strcmp(name, "keys") == 0)
             slot = &p->keys;
-        for (size_t i = 0; !slot && i < N_IPC; i++)
+        /* A store has no attention windows (the last ipc member). */
+        for (size_t i = 0; !slot && i < (kind == BODY_STORE ? N_IPC - 1 : N_IPC); i++)
             if (strcmp(name, ipc_members[i]) == 0)
                 slot = &p->ipcv[i];
-        if (!slot && kind == BODY_LOOKUP && strcmp(name, "tier") == 0)
+        if (!slot && (kind == BODY_LOOKUP || kind == BODY_STORE) && strcmp(name, "tier") == 0)
             slot = &kr->tier;
+        if (!slot && kind == BODY_STORE) {
+            if (strcmp(name, "size_bytes") == 0)
+                slot = &kr->size;
+            else if (strcmp(name, "sizes") == 0)
+                slot = &kr->sizes;
+        }
         if (!slot && kind == BODY_PREFETCH) {
             if (strcmp(name, "mode") == 0)
                 slot = &kr->mode;
@@ -320,8 +329,8 @@ int key_request_parse(const struct request *req, struct response *res, enum key_
     p.max = req->app->cfg.max_keys_per_request;
     param_errors_init(&p.pe);
     int rc = 0;
-    if (keyscan_text(req->body, req->body_len, req->app, KEYSCAN_KEYS | KEYSCAN_CHUNK_HASHES,
-                     &p.ks) == 0) {
+    int what = kind == BODY_STORE ? KEYSCAN_CHUNK_HASHES : KEYSCAN_KEYS | KEYSCAN_CHUNK_HASHES;
+    if (keyscan_text(req->body, req->body_len, req->app, what, &p.ks) == 0) {
         p.fast_keys = !p.ks.chunk_hashes;
         p.strs = p.ks.chunk_hashes ? p.ks.strs : NULL;
         kr->body = p.ks.rest;

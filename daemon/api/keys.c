@@ -11,6 +11,7 @@
 #include "state/keystore.h"
 
 #include "util/context.h"
+#include "api/body.h"
 #include "util/json_read.h"
 #include "state/layouts.h"
 #include "util/log.h"

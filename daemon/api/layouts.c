@@ -9,6 +9,7 @@
 #include "state/layouts.h"
 
 #include "util/context.h"
+#include "api/body.h"
 #include "util/json_read.h"
 #include "kvidx/err.h"
 #include "kvidx/key.h"

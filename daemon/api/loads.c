@@ -15,6 +15,7 @@
 
 #include "state/prefetches.h"
 #include "util/context.h"
+#include "api/body.h"
 #include "util/json_read.h"
 
 #include "kvidx/err.h"

@@ -101,6 +101,14 @@ int res_problemf(struct response *res, int err, const char *fmt, ...)
     return res_problem(res, err, detail, NULL, 0);
 }
 
+int param_errors_respond(struct param_errors *pe, struct response *res, int err, const char *detail)
+{
+    if (param_errors_finish(pe) != 0)
+        return res_problem(res, KVIDX_ENOMEM, "out of memory while reporting errors", NULL, 0);
+    res_problem(res, err, detail, pe->items, pe->n);
+    return err;
+}
+
 void res_defer(struct response *res, void *waiter, res_cancel_cb cancel)
 {
     res->deferred = 1;

@@ -15,6 +15,7 @@
 #define KVIDXD_HTTP_H
 
 #include "util/json_write.h"
+#include "util/params.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -68,11 +69,6 @@ struct response {
     void (*on_complete)(struct response *); /* the owner's; NULL: nothing to do */
 };
 
-struct invalid_param {
-    const char *name;   /* e.g. "entries[3].key.kv_rank" (copied) */
-    const char *reason; /* static text, never request bytes */
-};
-
 /* Adds a header line to the answer ("Allow", "GET, PUT"). */
 void res_header(struct response *res, const char *name, const char *value);
 /* Sets status and a JSON body already in res->body. */
@@ -82,6 +78,10 @@ void res_json(struct response *res, int status);
  * request bytes (use an escaped, bounded excerpt at most). Returns 0. */
 int res_problem(struct response *res, int err, const char *detail,
                 const struct invalid_param *params, size_t n);
+/* Answers err with every param collected in pe (or 503 when collecting
+ * ran out of memory); returns err. */
+int param_errors_respond(struct param_errors *pe, struct response *res, int err,
+                         const char *detail);
 /* printf-style detail. */
 int res_problemf(struct response *res, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

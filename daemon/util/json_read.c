@@ -137,30 +137,32 @@ size_t json_depth(const char *s, size_t n, size_t limit)
     return sc.depth;
 }
 
-/* Answers the problem only when there is a response to answer in. */
-#define PROBLEM(res, ...)                                                                          \
+/* Records why a text was refused, when the caller asked. */
+#define PROBLEM(err, c, ...)                                                                       \
     do {                                                                                           \
-        if (res)                                                                                   \
-            res_problemf(res, __VA_ARGS__);                                                        \
+        if (err) {                                                                                 \
+            (err)->code = (c);                                                                     \
+            snprintf((err)->detail, sizeof((err)->detail), __VA_ARGS__);                           \
+        }                                                                                          \
     } while (0)
 
 int json_parse_text(const char *body, size_t body_len, const struct app *app, size_t extra_values,
-                    struct response *res, cJSON **out)
+                    struct json_error *err, cJSON **out)
 {
     size_t limit = app ? (size_t)app->cfg.max_json_depth : 32;
     *out = NULL;
     if (body_len == 0) {
-        PROBLEM(res, KVIDX_EJSON, "the request needs a JSON body");
+        PROBLEM(err, KVIDX_EJSON, "the request needs a JSON body");
         return KVIDX_EJSON;
     }
     struct scan sc;
     json_scan(body, body_len, limit, &sc);
     if (sc.depth > limit) {
-        PROBLEM(res, KVIDX_EJSON, "JSON nesting deeper than max_json_depth (%zu)", limit);
+        PROBLEM(err, KVIDX_EJSON, "JSON nesting deeper than max_json_depth (%zu)", limit);
         return KVIDX_EJSON;
     }
     if (sc.bad) {
-        PROBLEM(res, KVIDX_EJSON, "the body is not valid JSON: %s at byte %zu", sc.bad, sc.bad_at);
+        PROBLEM(err, KVIDX_EJSON, "the body is not valid JSON: %s at byte %zu", sc.bad, sc.bad_at);
         return KVIDX_EJSON;
     }
     /* cJSON spends about 64 bytes per value: a body of tiny values (60 MB
@@ -168,7 +170,7 @@ int json_parse_text(const char *body, size_t body_len, const struct app *app, si
      * dozen values per key, so refuse before building the tree. */
     uint64_t max_keys = app ? app->cfg.max_keys_per_request : 262144;
     if ((uint64_t)sc.values + extra_values > JSON_VALUES_PER_KEY * max_keys + 4096) {
-        PROBLEM(res, KVIDX_EBODYSIZE,
+        PROBLEM(err, KVIDX_EBODYSIZE,
                 "the body holds more JSON values than any request of at most %llu keys "
                 "needs",
                 (unsigned long long)max_keys);
@@ -196,7 +198,7 @@ int json_parse_text(const char *body, size_t body_len, const struct app *app, si
                 if (!patched) {
                     patched = malloc(body_len);
                     if (!patched) {
-                        PROBLEM(res, KVIDX_ENOMEM, "out of memory");
+                        PROBLEM(err, KVIDX_ENOMEM, "out of memory");
                         return KVIDX_ENOMEM;
                     }
                     memcpy(patched, body, body_len);
@@ -214,7 +216,7 @@ int json_parse_text(const char *body, size_t body_len, const struct app *app, si
     free(patched);
     if (!j) {
         size_t off = end && end >= body ? (size_t)(end - body) : 0;
-        PROBLEM(res, KVIDX_EJSON, "the body is not valid JSON (error near byte %zu)", off);
+        PROBLEM(err, KVIDX_EJSON, "the body is not valid JSON (error near byte %zu)", off);
         return KVIDX_EJSON;
     }
     /* Only white space may follow the value. */
@@ -224,17 +226,12 @@ int json_parse_text(const char *body, size_t body_len, const struct app *app, si
         p++;
     if (p < stop) {
         cJSON_Delete(j);
-        PROBLEM(res, KVIDX_EJSON, "unexpected data after the JSON value at byte %zu",
+        PROBLEM(err, KVIDX_EJSON, "unexpected data after the JSON value at byte %zu",
                 (size_t)(p - body));
         return KVIDX_EJSON;
     }
     *out = j;
     return 0;
-}
-
-int json_parse_body(const struct request *req, struct response *res, cJSON **out)
-{
-    return json_parse_text(req->body, req->body_len, req->app, 0, res, out);
 }
 
 const char *json_str(const cJSON *v, size_t *len)
@@ -330,84 +327,4 @@ void jw_key_object(struct jw *w, const kvidx_key_t *k)
     jw_key(w, "cache_salt");
     jw_strn(w, k->salt ? k->salt : "", k->salt_len);
     jw_obj_end(w);
-}
-
-void param_errors_init(struct param_errors *pe)
-{
-    memset(pe, 0, sizeof(*pe));
-    buf_init(&pe->names);
-}
-
-void param_errors_free(struct param_errors *pe)
-{
-    free(pe->items);
-    free(pe->name_off);
-    buf_free(&pe->names);
-    memset(pe, 0, sizeof(*pe));
-}
-
-void param_errors_add(struct param_errors *pe, const char *reason, const char *fmt, ...)
-{
-    if (pe->oom)
-        return;
-    if (pe->n == pe->cap) {
-        size_t cap = pe->cap ? pe->cap * 2 : 16;
-        struct invalid_param *items = realloc(pe->items, cap * sizeof(*items));
-        if (!items) {
-            pe->oom = 1;
-            return;
-        }
-        pe->items = items;
-        size_t *off = realloc(pe->name_off, cap * sizeof(*off));
-        if (!off) {
-            pe->oom = 1;
-            return;
-        }
-        pe->name_off = off;
-        pe->cap = cap;
-    }
-    size_t off = pe->names.len;
-    va_list ap;
-    va_start(ap, fmt);
-    buf_vprintf(&pe->names, fmt, ap);
-    va_end(ap);
-    buf_putc(&pe->names, '\0');
-    if (pe->names.failed) {
-        pe->oom = 1;
-        return;
-    }
-    /* An object with a million unknown members must not make a million
-     * entries: a (name, reason) pair already among the last few is
-     * dropped. Per-index errors have distinct names and all stay. */
-    for (size_t k = pe->n, seen = 0; k-- > 0 && seen < 16; seen++) {
-        if (pe->items[k].reason == reason &&
-            strcmp(pe->names.data + pe->name_off[k], pe->names.data + off) == 0) {
-            pe->names.len = off;
-            pe->names.data[off] = '\0';
-            return;
-        }
-    }
-    pe->name_off[pe->n] = off;
-    pe->items[pe->n].name = NULL;
-    pe->items[pe->n].reason = reason;
-    pe->n++;
-}
-
-void param_errors_key(struct param_errors *pe, const kvidx_reason_t *why, const char *where)
-{
-    if (strcmp(why->field, "key") == 0)
-        param_errors_add(pe, why->rule, "%s", where);
-    else
-        param_errors_add(pe, why->rule, "%s.%s", where, why->field);
-}
-
-int param_errors_respond(struct param_errors *pe, struct response *res, int err, const char *detail)
-{
-    if (pe->oom || pe->names.failed)
-        return res_problem(res, KVIDX_ENOMEM, "out of memory while reporting errors", NULL, 0);
-    /* The names buffer may have moved while growing: resolve pointers now. */
-    for (size_t i = 0; i < pe->n; i++)
-        pe->items[i].name = pe->names.data + pe->name_off[i];
-    res_problem(res, err, detail, pe->items, pe->n);
-    return err;
 }

@@ -11,6 +11,7 @@
  */
 #include "util/context.h"
 #include "util/json_write.h"
+#include "api/body.h"
 #include "util/json_read.h"
 #include "util/keyscan.h"
 #include "../support/keyscan_compare.h"

@@ -3,6 +3,7 @@
 
 #include "util/json_write.h"
 #include "util/context.h"
+#include "api/body.h"
 #include "util/json_read.h"
 
 #include "kvidx/err.h"
@@ -217,14 +218,18 @@ Test(json, param_errors_keep_every_index_but_not_floods)
     param_errors_free(&pe);
 }
 
-/* json_parse_text on text[0..n) with the default limits: 0 and the tree, or
- * the error with the answer's status and code checked. */
+/* text[0..n) parsed as a request body with the default limits: 0 and the
+ * tree, or the error with the answer's status and code checked. */
 static int parse_n(const char *text, size_t n, cJSON **out)
 {
+    struct request req;
     struct response res;
+    memset(&req, 0, sizeof(req));
     memset(&res, 0, sizeof(res));
+    req.body = text;
+    req.body_len = n;
     *out = NULL;
-    int rc = json_parse_text(text, n, NULL, 0, &res, out);
+    int rc = json_parse_body(&req, &res, out);
     if (rc == KVIDX_EJSON) {
         cr_assert_eq(res.status, 400);
         cr_assert_not_null(strstr(res.body.data, "\"code\":\"invalid_json\""), "%s", res.body.data);
