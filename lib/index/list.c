@@ -106,22 +106,24 @@ static int tier_matches(const kvidx_index_t *idx, kvidx_tier_t tier, const uint8
 
 /* Examines the keys of ns from the filters' start, until the page is full
  * and one more match is seen, the budget runs out (l->stop) or the
- * filters' range in ns ends. */
+ * filters' range in ns ends. The loop works on local copies of the
+ * counters (kept in registers) and stores them back at the end. */
 static void list_scan_ns(const kvidx_index_t *idx, lister_t *l, const ns_t *ns)
 {
     const kvidx_list_filter_t *f = l->f;
+    size_t seen = l->seen, n_out = l->n_out;
+    kvidx_ref_t last_seen = l->last_seen, last_out = l->last_out;
     cursor_t c;
     list_seek_start(idx, l, ns, &c);
     while (c.leaf) {
-        if (l->seen == l->max_scan) {
+        if (seen == l->max_scan) {
             l->stop = 1;
-            return;
+            break;
         }
         kvidx_ref_t ref = c.leaf->refs[c.pos];
         const uint8_t *r = rec_at(idx, ref);
-        l->seen++;
-        l->last_seen = ref;
-        l->last_skipped = NULL;
+        seen++;
+        last_seen = ref;
         if (++c.pos == c.leaf->n) {
             c.leaf = c.leaf->next;
             c.pos = 0;
@@ -129,15 +131,15 @@ static void list_scan_ns(const kvidx_index_t *idx, lister_t *l, const ns_t *ns)
         uint32_t rank = rec_rank(r);
         uint16_t group = rec_group(r);
         if (f->has_rank && rank != f->kv_rank)
-            return; /* past the rank's range in this namespace */
+            break; /* past the rank's range in this namespace */
         if (f->has_group && group != f->group) {
             if (f->has_rank && group > f->group)
-                return;
+                break;
             /* Seek to the group within this rank or the next rank. */
             tkey_t t = {rank, f->group, 0, NULL};
             if (group > f->group) {
                 if (rank == UINT32_MAX)
-                    return;
+                    break;
                 t.rank = rank + 1;
             }
             ix_tree_seek(idx, ns, &t, 0, &c);
@@ -145,14 +147,20 @@ static void list_scan_ns(const kvidx_index_t *idx, lister_t *l, const ns_t *ns)
         }
         if (!tier_matches(idx, l->tier, r))
             continue;
-        if (l->n_out == l->page_size) {
+        if (n_out == l->page_size) {
             l->full_and_more = 1;
             l->stop = 1;
-            return;
+            break;
         }
-        l->refs[l->n_out++] = ref;
-        l->last_out = ref;
+        l->refs[n_out++] = ref;
+        last_out = ref;
     }
+    if (seen != l->seen)
+        l->last_skipped = NULL; /* a key was examined after it */
+    l->seen = seen;
+    l->n_out = n_out;
+    l->last_seen = last_seen;
+    l->last_out = last_out;
 }
 
 /* Sets *resume and *more after a listing stopped before the end. */
