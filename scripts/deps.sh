@@ -4,9 +4,9 @@
 # Usage: scripts/deps.sh [build|test|bench]
 set -eu
 what=${1:-build}
-pkgs="cmake make gcc pkg-config libuv1-dev libcjson-dev node-llhttp libsodium-dev libinih-dev"
+pkgs="cmake make gcc pkg-config libuv1-dev libcjson-dev node-llhttp libsodium-dev libinih-dev libhiredis-dev"
 case "$what" in
-test) pkgs="$pkgs libcriterion-dev python3 python3-yaml clang clang-format libclang-rt-14-dev b3sum" ;;
+test) pkgs="$pkgs libcriterion-dev python3 python3-yaml clang clang-format libclang-rt-14-dev b3sum redis-server redis-tools" ;;
 bench) pkgs="$pkgs libcriterion-dev python3 clang wrk nginx-light redis-server redis-tools" ;;
 esac
 missing=""
