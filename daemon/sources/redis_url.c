@@ -1,12 +1,12 @@
 /*
  * Parsing of the redis:// and redis+cluster:// source URLs. The user
  * information follows redis-cli's reading: "user:password@" names both,
- * "password@" only the password; its end is the last '@' of the URL, so a
- * password may hold '/', '?' or ':' unescaped. Invariants: a failed parse
- * says why without quoting the password (messages quote nothing the user
- * typed but a setting name); the shown name is the URL with the password
- * replaced by "***"; the output struct is whole on success and cleared on
- * failure.
+ * "password@" only the password. As in RFC 3986 the authority ends at the
+ * first '/' or '?', so a password holding one of those (or '%') writes it
+ * %-escaped; ':' and '@' may stay (the last '@' of the authority ends it). Invariants: a failed
+ * parse says why without quoting the password (messages quote nothing the user typed but a setting
+ * name); the shown name is the URL with the password replaced by "***"; the output struct is whole
+ * on success and cleared on failure.
  */
 #include "sources/redis_url.h"
 
@@ -148,7 +148,11 @@ static int parse(const char *s, struct redis_url *u, char *err, size_t errlen)
     } else {
         return fail(err, errlen, "l2_source: not a redis:// or redis+cluster:// URL");
     }
-    const char *at = strrchr(rest, '@');
+    size_t authlen = strcspn(rest, "/?");
+    const char *at = NULL;
+    for (const char *q = rest; q < rest + authlen; q++)
+        if (*q == '@')
+            at = q;
     const char *hosts = rest;
     if (at) {
         const char *colon = memchr(rest, ':', (size_t)(at - rest));
