@@ -49,6 +49,7 @@ static const char *const level_choices[] = {"error", "warn", "info", "debug", NU
 static const char *const format_choices[] = {"text", "json", NULL};
 static const char *const loader_choices[] = {"catalog", "external", NULL};
 static const char *const retention_choices[] = {"temporary", "retain", NULL};
+static const char *const yesno_choices[] = {"no", "yes", NULL};
 
 /* Enums are stored through an int; the compiler must agree on the size. */
 _Static_assert(sizeof(enum fsync_policy) == sizeof(int), "enum size");
@@ -137,6 +138,15 @@ static const struct setting settings[] = {
          "unsent answer bytes a connection may queue before the daemon stops reading it"),
     UINT(shutdown_timeout_ms, "10000", 0, HOUR_MS, 1,
          "on SIGTERM, how long to let requests in flight finish before exiting"),
+    UINT(l2_source_rescan_s, "30", 1, 86400, 0,
+         "seconds between full rescans of a Redis/Valkey source whose server does not send the "
+         "keyspace events kvidx needs"),
+    ENUM(l2_source_configure, "no", yesno_choices, 0,
+         "yes: a Redis/Valkey source may CONFIG SET notify-keyspace-events when events it needs "
+         "are off"),
+    UINT(l2_source_reconnect_max_ms, "5000", 100, 600000, 0,
+         "longest wait between two reconnect attempts to an outside store (exponential backoff "
+         "with jitter)"),
 };
 
 #define N_SETTINGS (sizeof(settings) / sizeof(settings[0]))

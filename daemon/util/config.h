@@ -43,6 +43,9 @@ struct config {
     uint64_t max_connections;
     uint64_t max_conn_output_bytes;
     uint64_t shutdown_timeout_ms;
+    uint64_t l2_source_rescan_s;         /* full rescans of a store that does not notify */
+    int l2_source_configure;             /* 1: a source may turn on the store's notifications */
+    uint64_t l2_source_reconnect_max_ms; /* cap of a source's reconnect backoff */
 };
 
 /* Fills c with every default. */

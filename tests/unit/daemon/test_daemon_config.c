@@ -62,6 +62,9 @@ ParameterizedTestParameters(config, defaults)
         {"max_connections", "10000"},
         {"max_conn_output_bytes", "64MiB"},
         {"shutdown_timeout_ms", "10000"},
+        {"l2_source_rescan_s", "30"},
+        {"l2_source_configure", "no"},
+        {"l2_source_reconnect_max_ms", "5000"},
     };
     return cr_make_param_array(struct def_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -101,7 +104,7 @@ Test(config, default_fields)
 Test(config, every_row_consistent)
 {
     size_t n = n_settings();
-    cr_assert_eq(n, 26, "one row per field of struct config");
+    cr_assert_eq(n, 29, "one row per field of struct config");
     struct config c;
     config_defaults(&c);
     for (size_t i = 0; i < n; i++) {
@@ -305,7 +308,10 @@ Test(config, reloadable_flags)
                                         "loader",
                                         "l1_capacity_bytes",
                                         "l2_capacity_bytes",
-                                        "prefetch_retention"};
+                                        "prefetch_retention",
+                                        "l2_source_rescan_s",
+                                        "l2_source_configure",
+                                        "l2_source_reconnect_max_ms"};
     static const char *const reloadable[] = {"log_level",
                                              "log_format",
                                              "max_body_bytes",
