@@ -22,6 +22,7 @@
 #include "sources/redis_node_int.h"
 
 #include "sources/redis_proto.h"
+#include "util/json_write.h"
 #include "util/log.h"
 
 #include "kvidx/err.h"
@@ -635,4 +636,96 @@ void redis_node_stop(struct redis_node *n, void (*on_closed)(struct redis_node *
 void redis_node_free(struct redis_node *n)
 {
     rmap_free(&n->pending);
+}
+
+/* ---- figures ---- */
+
+void redis_node_stats(const struct redis_node *n, struct jw *w)
+{
+    jw_key(w, "server");
+    jw_str(w, n->label);
+    jw_key(w, "server_state");
+    jw_str(w, redis_node_state_name(n->state));
+    jw_key(w, "notifications");
+    jw_str(w, !n->notify_known ? "unknown" : n->notify_ok ? "complete" : "incomplete");
+    jw_key(w, "notify_keyspace_events");
+    jw_str(w, n->notify_flags);
+    jw_key(w, "flush_tracking");
+    jw_bool(w, n->tracking_ok);
+    jw_key(w, "scans");
+    jw_u64(w, n->resyncs);
+    jw_key(w, "reconnects");
+    jw_u64(w, n->reconnects);
+    jw_key(w, "events");
+    jw_u64(w, n->events);
+    jw_key(w, "flushes_detected");
+    jw_u64(w, n->flushes);
+    jw_key(w, "notification_lag_ms");
+    jw_u64(w, n->lag_ms);
+    jw_key(w, "notification_lag_max_ms");
+    jw_u64(w, n->lag_max_ms);
+    jw_key(w, "dbsize");
+    jw_u64(w, n->dbsize);
+    jw_key(w, "skipped_last_scan");
+    jw_u64(w, n->skipped);
+    jw_key(w, "server_error");
+    jw_str(w, n->last_error);
+}
+
+/* A Prometheus label value: \\, " and newline escaped. */
+static void redis_label(struct buf *out, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '\\' || *s == '"')
+            buf_putc(out, '\\');
+        if (*s == '\n') {
+            buf_puts(out, "\\n");
+            continue;
+        }
+        buf_putc(out, *s);
+    }
+}
+
+void redis_node_metrics(const char *source, const struct redis_node *n, struct buf *out,
+                        int with_node)
+{
+    static const struct {
+        const char *name;
+        int field;
+    } fams[] = {
+        {"kvidx_redis_reconnects_total", 0},       {"kvidx_redis_events_total", 1},
+        {"kvidx_redis_flushes_detected_total", 2}, {"kvidx_redis_notification_lag_seconds", 3},
+        {"kvidx_redis_notifications_complete", 4}, {"kvidx_redis_dbsize", 5},
+    };
+    for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
+        buf_puts(out, fams[i].name);
+        buf_puts(out, "{source=\"");
+        redis_label(out, source);
+        if (with_node) {
+            buf_puts(out, "\",node=\"");
+            redis_label(out, n->label);
+        }
+        buf_puts(out, "\"} ");
+        switch (fams[i].field) {
+        case 0:
+            buf_put_u64(out, n->reconnects);
+            break;
+        case 1:
+            buf_put_u64(out, n->events);
+            break;
+        case 2:
+            buf_put_u64(out, n->flushes);
+            break;
+        case 3:
+            buf_printf(out, "%.3f", (double)n->lag_ms / 1000.0);
+            break;
+        case 4:
+            buf_put_u64(out, (uint64_t)(n->notify_ok && n->notify_known));
+            break;
+        default:
+            buf_put_u64(out, n->dbsize);
+            break;
+        }
+        buf_putc(out, '\n');
+    }
 }

@@ -25,6 +25,8 @@
 
 struct redis_node;
 struct redisAsyncContext;
+struct jw;
+struct buf;
 
 enum redis_node_state {
     RN_CONNECTING = 0, /* first connection, nothing reported yet */
@@ -141,6 +143,12 @@ void redis_node_stop(struct redis_node *n, void (*on_closed)(struct redis_node *
 void redis_node_free(struct redis_node *n);
 /* Asks for a full rescan as soon as possible (after the current one). */
 void redis_node_resync(struct redis_node *n);
+/* The node's figures, as members of the JSON object being written. */
+void redis_node_stats(const struct redis_node *n, struct jw *w);
+/* One sample of each of the node's metric families, labelled
+ * source="<source>" (and node="host:port" when with_node). */
+void redis_node_metrics(const char *source, const struct redis_node *n, struct buf *out,
+                        int with_node);
 /* "connecting", "scanning", "live", "rescanning", "reconnecting", "stopped". */
 const char *redis_node_state_name(enum redis_node_state st);
 
