@@ -199,6 +199,18 @@ int kvidx_refset_mark(kvidx_refset_t *s, uint32_t ref)
     return 1;
 }
 
+int kvidx_refset_unmark(kvidx_refset_t *s, uint32_t ref)
+{
+    size_t at = find(s, ref);
+    if (at == SIZE_MAX)
+        return 0;
+    if (mark_get(s, at)) {
+        mark_clear(s, at);
+        s->marked--;
+    }
+    return 1;
+}
+
 int kvidx_refset_marked(const kvidx_refset_t *s, uint32_t ref)
 {
     size_t at = find(s, ref);

@@ -101,6 +101,7 @@ void kvidx_index_free(kvidx_index_t *idx)
     kvidx_free(idx->ns_ids);
     kvidx_free(idx->l1);
     kvidx_free(idx->scratch);
+    ix_sources_free(idx);
     kvidx_free(idx);
 }
 
@@ -139,7 +140,9 @@ static void info_of(const kvidx_index_t *idx, const uint8_t *r, kvidx_entry_info
 {
     memset(info, 0, sizeof(*info));
     info->size_bytes = rec_size(r);
-    info->l2 = rec_l2(r);
+    info->l2 = rec_l2_any(r);
+    info->l2_api = rec_l2(r);
+    info->l2_source = rec_src(r);
     uint32_t m = rec_l1(r);
     if (m) {
         const l1m_t *e = &idx->l1[m];
@@ -267,6 +270,8 @@ void kvidx_index_stats(const kvidx_index_t *idx, kvidx_index_stats_t *out)
     out->l1_evictable_bytes = idx->c.lru_bytes;
     out->l2_keys = idx->c.l2_keys;
     out->l2_bytes = idx->c.l2_bytes;
+    out->l2_source_keys = idx->c.src_keys;
+    out->l2_source_bytes = idx->c.src_bytes;
     out->evictions = idx->c.evictions;
     out->names = idx->nstrs;
     out->namespaces = idx->n_ns;

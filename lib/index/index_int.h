@@ -12,7 +12,8 @@
  *
  *   off  0  u32  namespace id (NS_FREE on a free record)
  *   off  4  u32  kv_rank (next free slot on a free record)
- *   off  8  u32  L1 metadata index (0 = no L1 copy)
+ *   off  8  u32  L1 metadata index (bits 0..30; 0 = no L1 copy) |
+ *                held by a source (bit 31, SRC_BIT)
  *   off 12  u16  object_group_id
  *   off 14  u8   hash_len (bits 0..6) | L2 present (bit 7)
  *   off 15  u40  size_bytes - 1, little endian
@@ -104,6 +105,12 @@ static inline int bytes_cmp(const void *a, size_t an, const void *b, size_t bn)
 #define REC_HDR     20
 #define NS_FREE     UINT32_MAX
 #define L2_BIT      0x80
+/* L1 copies are capped below 2^31 (ix_l1_reserve_slots), so the top bit
+ * of a record's L1 index is free: it says that one or more sources hold an
+ * L2 copy of the key (source.c). L2_BIT is the L2 copy stored through the
+ * API, the one that is durable. */
+#define SRC_BIT 0x80000000u
+#define L1_MASK 0x7fffffffu
 
 typedef struct slab {
     uint8_t **chunks;
@@ -192,7 +199,10 @@ typedef struct l1m {
 typedef struct counters {
     uint64_t keys, l1_keys, l1_bytes, l1_loading, l1_pinned, l1_pins, lru_bytes;
     uint64_t l2_keys, l2_bytes, evictions;
+    uint64_t src_keys, src_bytes; /* keys with SRC_BIT, and their sizes */
 } counters_t;
+
+struct ix_sources; /* source.c: the membership of each source */
 
 struct kvidx_index {
     uint8_t hkey[crypto_shorthash_KEYBYTES];
@@ -228,6 +238,8 @@ struct kvidx_index {
 
     void *scratch;
     size_t scratch_cap;
+
+    struct ix_sources *src; /* NULL until a source is added */
 };
 
 /* ---- record accessors ---- */
@@ -249,7 +261,21 @@ static inline uint32_t rec_rank(const uint8_t *r)
 }
 static inline uint32_t rec_l1(const uint8_t *r)
 {
-    return ld32(r + 8);
+    return ld32(r + 8) & L1_MASK;
+}
+static inline int rec_src(const uint8_t *r)
+{
+    return (ld32(r + 8) & SRC_BIT) != 0;
+}
+/* Writes the L1 index m, keeping the source bit. */
+static inline void rec_set_l1(uint8_t *r, uint32_t m)
+{
+    st32(r + 8, (ld32(r + 8) & SRC_BIT) | m);
+}
+static inline void rec_set_src(uint8_t *r, int on)
+{
+    uint32_t v = ld32(r + 8);
+    st32(r + 8, on ? v | SRC_BIT : v & ~SRC_BIT);
 }
 static inline uint16_t rec_group(const uint8_t *r)
 {
@@ -262,6 +288,12 @@ static inline uint8_t rec_hl(const uint8_t *r)
 static inline int rec_l2(const uint8_t *r)
 {
     return (r[14] & L2_BIT) != 0;
+}
+/* An L2 copy of any owner: the API's or a source's (what lookups, the
+ * listing and prefetch planning see). */
+static inline int rec_l2_any(const uint8_t *r)
+{
+    return (r[14] & L2_BIT) || (ld32(r + 8) & SRC_BIT);
 }
 static inline const uint8_t *rec_hash(const uint8_t *r)
 {
@@ -620,7 +652,7 @@ static inline uint32_t l1_create(kvidx_index_t *idx, kvidx_ref_t ref, uint8_t st
     e->temporary = (uint8_t)(temporary != 0);
     e->in_lru = 0;
     uint8_t *r = rec_at(idx, ref);
-    st32(r + 8, m);
+    rec_set_l1(r, m);
     idx->c.l1_keys++;
     idx->c.l1_bytes += rec_size(r);
     if (state == KVIDX_L1_LOADING)
@@ -677,6 +709,10 @@ static inline int tree_prepare(kvidx_index_t *idx, const ns_t *ns)
         return 0;
     return ix_tree_prepare_slow(idx, ns);
 }
+
+/* source.c */
+void ix_sources_free(kvidx_index_t *idx);
+int ix_check_sources(const kvidx_index_t *idx);
 
 /* tier.c */
 int ix_l1_reserve_slots(kvidx_index_t *idx, uint64_t k);

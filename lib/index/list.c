@@ -100,8 +100,8 @@ static int tier_matches(const kvidx_index_t *idx, kvidx_tier_t tier, const uint8
 {
     uint32_t l1m = rec_l1(r);
     int l1_ready = l1m && idx->l1[l1m].state == KVIDX_L1_READY;
-    return !((tier == KVIDX_TIER_L1 && !l1_ready) || (tier == KVIDX_TIER_L2 && !rec_l2(r)) ||
-             (tier == KVIDX_TIER_ALL && !l1_ready && !rec_l2(r)));
+    return !((tier == KVIDX_TIER_L1 && !l1_ready) || (tier == KVIDX_TIER_L2 && !rec_l2_any(r)) ||
+             (tier == KVIDX_TIER_ALL && !l1_ready && !rec_l2_any(r)));
 }
 
 /* Examines the keys of ns from the filters' start, until the page is full

@@ -114,7 +114,8 @@ static int put_scratch(kvidx_index_t *idx, batch_t *b)
 }
 
 /* Looks every item up, in two passes so that the table's cache misses
- * overlap; a pinned or loading copy may not change size. */
+ * overlap; a pinned or loading copy, or a key a source holds, may not
+ * change size. */
 static int put_lookup(const kvidx_index_t *idx, batch_t *b, size_t *conflict_index)
 {
     const kvidx_put_t *items = b->items;
@@ -143,7 +144,7 @@ static int put_lookup(const kvidx_index_t *idx, batch_t *b, size_t *conflict_ind
             continue;
         const uint8_t *r = rec_at(idx, work[i].ref);
         uint32_t m = rec_l1(r);
-        if (m && (idx->l1[m].pins || idx->l1[m].state == KVIDX_L1_LOADING) &&
+        if (((m && (idx->l1[m].pins || idx->l1[m].state == KVIDX_L1_LOADING)) || rec_src(r)) &&
             rec_size(r) != items[i].size_bytes) {
             if (conflict_index)
                 *conflict_index = i;

@@ -9,9 +9,10 @@
  * free slots are state KVIDX_L1_NONE, l1_nfree of them threaded through
  * next from l1_free. A copy is in the LRU exactly when it is ready and
  * unpinned, and lru_bytes is the sum of their sizes; l1_pinned and l1_pins
- * count the copies with pins and their pins. A key keeps an L1 or an L2
- * copy or it is forgotten at once (ix_forget: out of its tree, the table
- * and its namespace, record freed). Eviction takes the least recent copy
+ * count the copies with pins and their pins. A key keeps an L1 copy, an
+ * L2 copy of its own or one held by a source (source.c), or it is
+ * forgotten at once (ix_forget: out of its tree, the table and its
+ * namespace, record freed). Eviction takes the least recent copy
  * first and, like deletion, never allocates; every change of a key's
  * durable state is reported through on_change (ix_notify).
  */
@@ -62,7 +63,7 @@ void ix_l1_drop(kvidx_index_t *idx, kvidx_ref_t ref)
         idx->c.l1_pins -= e->pins;
     }
     l1_release(idx, m);
-    st32(r + 8, 0);
+    rec_set_l1(r, 0);
 }
 
 /* Removes a key that has no copy left. */
@@ -82,7 +83,7 @@ void ix_forget(kvidx_index_t *idx, kvidx_ref_t ref)
 static void forget_if_empty(kvidx_index_t *idx, kvidx_ref_t ref)
 {
     const uint8_t *r = rec_at(idx, ref);
-    if (!rec_l1(r) && !rec_l2(r))
+    if (!rec_l1(r) && !rec_l2_any(r))
         ix_forget(idx, ref);
 }
 
@@ -104,7 +105,7 @@ static void evict_one(kvidx_index_t *idx)
     kvidx_ref_t ref = idx->l1[m].ref;
     const uint8_t *r = rec_at(idx, ref);
     uint64_t size = rec_size(r);
-    int forgotten = !rec_l2(r);
+    int forgotten = !rec_l2_any(r);
     kvidx_durable_t before = durable_of(idx, ref);
     if (idx->on_evict) {
         kvidx_key_t k;
@@ -171,6 +172,8 @@ int kvidx_index_delete(kvidx_index_t *idx, const kvidx_key_t *key, kvidx_tier_t 
         *outcome = KVIDX_DEL_SKIPPED_PINNED;
     else if (deleted)
         *outcome = KVIDX_DEL_DELETED;
+    else if ((tier & KVIDX_TIER_L2) && rec_src(r))
+        *outcome = KVIDX_DEL_SKIPPED_SOURCE; /* a source's copy is not the API's to delete */
     if (deleted)
         ix_notify(idx, ref, &before);
     forget_if_empty(idx, ref);

@@ -89,11 +89,13 @@ typedef struct kvidx_index_opts {
 /* What the index knows about one key. */
 typedef struct kvidx_entry_info {
     uint64_t size_bytes;
-    int l2;                    /* 1 when an L2 copy exists */
+    int l2;                    /* 1 when an L2 copy exists (l2_api or l2_source) */
     kvidx_l1_state_t l1_state; /* KVIDX_L1_NONE when there is no L1 copy */
     uint32_t pins;             /* read-lock count of the L1 copy */
     int temporary;             /* L1 copy is dropped when its last pin goes */
     uint64_t generation;       /* of the L1 copy; 0 when there is none */
+    int l2_api;                /* 1 when the L2 copy was stored through the API (durable) */
+    int l2_source;             /* 1 when a source holds an L2 copy (kvidx/index_source.h) */
 } kvidx_entry_info_t;
 
 /* One item of a batch store. key views caller memory for the duration of
@@ -107,6 +109,7 @@ typedef enum {
     KVIDX_DEL_DELETED = 0,
     KVIDX_DEL_NOT_FOUND = 1,
     KVIDX_DEL_SKIPPED_PINNED = 2,
+    KVIDX_DEL_SKIPPED_SOURCE = 3,
 } kvidx_del_outcome_t;
 
 typedef struct kvidx_index_stats {
@@ -117,13 +120,15 @@ typedef struct kvidx_index_stats {
     uint64_t l1_pinned;          /* copies with pins > 0 */
     uint64_t l1_pins;            /* sum of pins */
     uint64_t l1_evictable_bytes; /* ready, unpinned: what eviction can free */
-    uint64_t l2_keys;
+    uint64_t l2_keys;    /* L2 copies stored through the API (sources' are below) */
     uint64_t l2_bytes;
     uint64_t evictions;  /* L1 copies evicted since creation */
     uint64_t names;      /* interned model names and salts */
     uint64_t namespaces; /* distinct (cache_salt, model_name) pairs */
     uint64_t l1_capacity_bytes;
     uint64_t l2_capacity_bytes;
+    uint64_t l2_source_keys;  /* keys held by at least one source */
+    uint64_t l2_source_bytes; /* their sizes */
 } kvidx_index_stats_t;
 
 /* A key with its own storage for the names: what a listing resumes after.
@@ -219,7 +224,9 @@ uint64_t kvidx_index_key_hash64(const kvidx_index_t *idx, const kvidx_key_t *key
  *   KVIDX_EINVAL    bad tier, n == 0 with items NULL, or an item with a size
  *                   out of 1..2^40 or a field length out of range (index set);
  *   KVIDX_ECONFLICT an item's size differs from the key's size while its L1
- *                   copy is pinned or loading (index of the first such item);
+ *                   copy is pinned or loading, or while a source holds the
+ *                   key (the source owns its size) (index of the first such
+ *                   item);
  *   KVIDX_ECAPACITY L1 (even after evicting everything evictable outside the
  *                   batch) or L2 (never evicted) would exceed its capacity;
  *   KVIDX_ENOMEM.
@@ -253,7 +260,11 @@ int kvidx_index_load(kvidx_index_t *idx, const kvidx_load_t *items, size_t n, si
  *   SKIPPED_PINNED the L1 copy is pinned or loading and force is 0: it is
  *                  kept. For KVIDX_TIER_ALL the L2 copy is still deleted
  *                  ("delete what you can"), and the outcome stays
- *                  SKIPPED_PINNED so the caller reports it.
+ *                  SKIPPED_PINNED so the caller reports it;
+ *   SKIPPED_SOURCE nothing was deleted, and the tier(s) named include L2,
+ *                  where a source holds the key's copy: a source's copy
+ *                  is never deleted here (only the API's own L2 copy is),
+ *                  with or without force.
  * With force, a pinned or loading copy is removed too; its generation dies
  * with it, so holders see KVIDX_ENOTFOUND from unpin and load_done. A key
  * left with no tier is forgotten. */
@@ -322,7 +333,10 @@ void kvidx_index_stats(const kvidx_index_t *idx, kvidx_index_stats_t *out);
  * namespace's ordered tree and in the hash table exactly once and nothing
  * else is; trees, namespaces and interned names are in strict order;
  * interned names are referenced exactly by the namespaces that use them;
- * every key has an L1 or an L2 copy; the LRU holds exactly the ready
+ * every key has an L1 or an L2 copy (its own or a source's); records carry
+ * the source bit exactly when a source's membership holds them, and each
+ * source's key and byte counts are the sums over its members; the LRU
+ * holds exactly the ready
  * unpinned L1 copies; the key, byte, pin and LRU counters (what
  * kvidx_index_stats reports) equal the sums over the keys. Meant for tests
  * and fuzzers after each operation: it reads the whole index (time linear

@@ -50,6 +50,8 @@ int kvidx_refset_remove(kvidx_refset_t *s, uint32_t ref);
 void kvidx_refset_unmark_all(kvidx_refset_t *s);
 /* Sets ref's mark: 1 when ref is a member, else 0. */
 int kvidx_refset_mark(kvidx_refset_t *s, uint32_t ref);
+/* Clears ref's mark: 1 when ref is a member, else 0. */
+int kvidx_refset_unmark(kvidx_refset_t *s, uint32_t ref);
 /* 1 when ref is a member with its mark set. */
 int kvidx_refset_marked(const kvidx_refset_t *s, uint32_t ref);
 /* Walks the members: start with *pos = 0; each call gives the next member

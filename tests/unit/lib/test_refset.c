@@ -85,7 +85,11 @@ Test(refset, random_operations_match_the_model)
                 model[i] = 2;
             break;
         case 4:
-            if (rnd(50) == 0) {
+            if (rnd(3) == 0) {
+                cr_assert_eq(kvidx_refset_unmark(&s, r), model[i] != 0);
+                if (model[i])
+                    model[i] = 1;
+            } else if (rnd(50) == 0) {
                 kvidx_refset_unmark_all(&s);
                 for (uint32_t j = 0; j < UNIVERSE; j++)
                     if (model[j])
