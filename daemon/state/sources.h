@@ -36,7 +36,7 @@ struct app;
 struct source;
 
 #define SOURCES_MAX      16  /* sources in one daemon */
-#define SOURCE_NAME_MAX  512 /* "fs:/srv/l2", "redis://***@host:6379/0?prefix=p" */
+#define SOURCE_NAME_MAX  512 /* "fs:/srv/l2", "redis://u:***@host:6379/0?prefix=p" */
 #define SOURCE_ERROR_MAX 256
 
 enum source_state {
