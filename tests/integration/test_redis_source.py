@@ -1,0 +1,256 @@
+"""l2_source = redis://...: kvidx follows a real redis-server as LMCache's
+Valkey adapter fills it (SET of the object bytes under the wire key, DEL,
+EXPIRE, maxmemory eviction, RENAME, FLUSHDB) and after faults (the server
+killed and restarted with and without its data, the subscriber connection
+killed while writes go on, keyspace notifications switched off). After
+every step the listing must equal the server's keyspace (SCAN + STRLEN)
+within a deadline."""
+
+import json
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import Daemon  # noqa: E402
+from redis_helper import (RedisServer, have_redis, keyspace, kvidx_keys, lmc_key,  # noqa: E402
+                          wait_until)
+
+DEADLINE = 15.0
+
+
+def source_stats(d):
+    """The first source object of /v1/stats (found by its "name" member)."""
+    r = d.request("GET", "/v1/stats")
+    j = r.json()
+
+    def find(x):
+        if isinstance(x, dict):
+            if "name" in x and ("redis" in str(x.get("name", ""))):
+                return x
+            for v in x.values():
+                f = find(v)
+                if f:
+                    return f
+        if isinstance(x, list):
+            for v in x:
+                f = find(v)
+                if f:
+                    return f
+        return None
+    return find(j)
+
+
+@unittest.skipUnless(have_redis(), "redis-server/redis-cli not installed (scripts/deps.sh test)")
+class RedisSourceTest(unittest.TestCase):
+    prefix = "lmc"
+    extra = {}
+    redis_args = ()
+
+    def setUp(self):
+        self.r = RedisServer(args=("--notify-keyspace-events", "AKE") + tuple(self.redis_args))
+        self.c = self.r.client()
+        self.d = None
+
+    def tearDown(self):
+        if self.d:
+            self.d.kill()
+        self.c.close()
+        self.r.stop()
+
+    def url(self):
+        u = "redis://127.0.0.1:%d/0" % self.r.port
+        return u + ("?prefix=" + self.prefix if self.prefix else "")
+
+    def start(self, **settings):
+        s = {"l2_source": self.url(), "l2_source_rescan_s": 1,
+             "l2_source_reconnect_max_ms": 500}
+        s.update(self.extra)
+        s.update(settings)
+        self.d = Daemon(settings=s)
+        wait_until(lambda: self.d.request("GET", "/readyz").status == 200, DEADLINE,
+                   "the first scan (/readyz 200)")
+
+    def expected(self):
+        return keyspace(self.c, self.prefix)
+
+    def converge(self, what, timeout=DEADLINE):
+        last = {}
+
+        def same():
+            want, got = self.expected(), kvidx_keys(self.d)
+            last["want"], last["got"] = want, got
+            return want == got
+        try:
+            wait_until(same, timeout, what, interval=0.1)
+        except AssertionError:
+            want, got = last.get("want", {}), last.get("got", {})
+            missing = sorted(set(want) - set(got))[:5]
+            extra = sorted(set(got) - set(want))[:5]
+            wrong = sorted(k for k in set(want) & set(got) if want[k] != got[k])[:5]
+            self.fail("%s: kvidx has %d keys, the server %d; missing %s, extra %s, sizes %s"
+                      % (what, len(got), len(want), missing, extra, wrong))
+
+    def set_many(self, ids, size=100, prefix=None):
+        p = self.prefix if prefix is None else prefix
+        self.c.pipeline([("SET", lmc_key(i, p), b"x" * (size + i % 7)) for i in ids])
+
+    def test_follows_lmcache_writes(self):
+        self.set_many(range(500))
+        # Other applications' keys, other prefixes and keys that do not parse
+        # share the database: skipped and counted, never fatal.
+        self.c.pipeline([("SET", "session:%d" % i, "v") for i in range(20)])
+        self.c.cmd("SET", lmc_key(1, "other"), "v")
+        self.c.cmd("SET", "lmc@not-a-key", "v")
+        self.c.cmd("HSET", lmc_key(9999, self.prefix), "f", "v")
+        self.c.cmd("SET", lmc_key(10000, self.prefix), "")
+        self.start()
+        self.converge("first scan")
+        st = source_stats(self.d)
+        self.assertIsNotNone(st, "no source in /v1/stats")
+        self.assertGreaterEqual(st.get("skipped", 0), 23, st)
+        # SET of new keys and of new sizes, DEL, APPEND, RENAME, EXPIRE.
+        self.set_many(range(500, 700))
+        self.converge("SET of new keys")
+        self.c.cmd("SET", lmc_key(3, self.prefix), b"y" * 4096)
+        self.c.cmd("APPEND", lmc_key(4, self.prefix), b"z" * 10)
+        self.converge("SET of a new size, APPEND")
+        self.c.pipeline([("DEL", lmc_key(i, self.prefix)) for i in range(0, 100)])
+        self.converge("DEL")
+        self.c.cmd("RENAME", lmc_key(200, self.prefix), lmc_key(5000, self.prefix))
+        self.c.cmd("RENAME", lmc_key(201, self.prefix), "not-ours")
+        self.c.cmd("RENAME", "session:1", lmc_key(5001, self.prefix))
+        self.converge("RENAME")
+        self.c.pipeline([("PEXPIRE", lmc_key(i, self.prefix), 200) for i in range(300, 350)])
+        wait_until(lambda: self.c.cmd("EXISTS", lmc_key(300, self.prefix)) == 0, 5, "expiry")
+        # Expired keys are removed when Redis reclaims them (lazily or by its
+        # active cycle), which sends the "expired" event.
+        self.converge("EXPIRE")
+        self.c.cmd("FLUSHDB")
+        self.converge("FLUSHDB", timeout=8)
+        self.assertEqual(kvidx_keys(self.d), {})
+        self.set_many(range(50))
+        self.converge("SET after FLUSHDB")
+
+    def test_eviction(self):
+        self.start()
+        self.c.cmd("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+        self.c.cmd("CONFIG", "SET", "maxmemory", str(4 << 20))
+        for base in range(0, 4000, 500):
+            self.set_many(range(base, base + 500), size=4000)
+        self.assertLess(self.c.cmd("DBSIZE"), 4000, "nothing was evicted")
+        self.converge("eviction")
+
+    def test_server_restart_without_data(self):
+        self.set_many(range(300))
+        self.start()
+        self.converge("first scan")
+        self.r.restart(keep_dir=False)
+        self.c = self.r.client()
+        self.c.cmd("CONFIG", "SET", "notify-keyspace-events", "AKE")
+        self.converge("restarted empty")
+        self.set_many(range(1000, 1100))
+        self.converge("writes after the restart")
+
+    def test_server_restart_with_data(self):
+        self.set_many(range(300))
+        self.start()
+        self.converge("first scan")
+        self.c.cmd("SAVE")
+        self.c.pipeline([("DEL", lmc_key(i, self.prefix)) for i in range(100)])  # not saved
+        self.r.args += ["--dbfilename", "dump.rdb"]
+        self.r.restart(keep_dir=True)
+        self.c = self.r.client()
+        self.c.cmd("CONFIG", "SET", "notify-keyspace-events", "AKE")
+        self.assertEqual(len(self.expected()), 300)
+        self.converge("restarted with its data")
+        self.set_many(range(2000, 2050))
+        self.converge("writes after the restart")
+
+    def test_subscriber_killed_while_writing(self):
+        self.start()
+        for round_ in range(3):
+            base = 10000 * (round_ + 1)
+            self.set_many(range(base, base + 200))
+            self.c.cmd("CLIENT", "KILL", "TYPE", "pubsub")
+            # Writes and deletes go on while kvidx reconnects.
+            self.set_many(range(base + 200, base + 400))
+            self.c.pipeline([("DEL", lmc_key(i, self.prefix)) for i in range(base, base + 50)])
+            self.converge("subscriber killed (round %d)" % round_)
+        st = source_stats(self.d)
+        self.assertGreaterEqual(st.get("reconnects", 0), 1, st)
+
+    def test_notifications_off_falls_back_to_rescans(self):
+        self.c.cmd("CONFIG", "SET", "notify-keyspace-events", "")
+        self.set_many(range(100))
+        self.start()
+        self.converge("first scan")
+        self.assertIn("notify-keyspace-events", self.d.log())
+        self.set_many(range(100, 200))
+        self.c.pipeline([("DEL", lmc_key(i, self.prefix)) for i in range(20)])
+        self.converge("rescans without notifications")
+        st = source_stats(self.d)
+        self.assertEqual(st.get("notifications"), "incomplete", st)
+        # Switched off while live: found by the periodic check, then rescans.
+        self.c.cmd("CONFIG", "SET", "notify-keyspace-events", "AKE")
+        wait_until(lambda: source_stats(self.d).get("notifications") == "complete", DEADLINE,
+                   "notifications seen as complete")
+        self.c.cmd("CONFIG", "SET", "notify-keyspace-events", "")
+        self.set_many(range(300, 400))
+        self.converge("notifications switched off while live")
+
+    def test_configure_turns_notifications_on(self):
+        self.c.cmd("CONFIG", "SET", "notify-keyspace-events", "")
+        self.start(l2_source_configure="yes", l2_source_rescan_s=3600)
+        flags = self.c.cmd("CONFIG", "GET", "notify-keyspace-events")[1].decode()
+        for f in "Eg$xe":
+            self.assertIn(f, flags)
+        self.set_many(range(100))
+        self.converge("events after CONFIG SET", timeout=5)
+
+
+@unittest.skipUnless(have_redis(), "redis-server/redis-cli not installed (scripts/deps.sh test)")
+class RedisSourceNoPrefixTest(RedisSourceTest):
+    prefix = None
+
+    def test_follows_lmcache_writes(self):
+        self.set_many(range(200))
+        self.c.cmd("SET", lmc_key(1, "lmc"), "v")  # a prefixed key does not parse here
+        self.start()
+        self.converge("first scan")
+        self.c.pipeline([("DEL", lmc_key(i, None)) for i in range(50)])
+        self.set_many(range(1000, 1100))
+        self.converge("changes")
+
+
+@unittest.skipUnless(have_redis(), "redis-server/redis-cli not installed (scripts/deps.sh test)")
+class RedisSourceAuthTest(unittest.TestCase):
+    def test_password_never_shown(self):
+        r = RedisServer(args=("--requirepass", "pa55-w0rd", "--notify-keyspace-events", "AKE",
+                              "--databases", "4"))
+        d = None
+        try:
+            c = r.client()
+            self.assertEqual(c.cmd("AUTH", "pa55-w0rd"), b"OK")
+            c.cmd("SELECT", 2)
+            c.pipeline([("SET", lmc_key(i, "p"), "abc") for i in range(10)])
+            d = Daemon(settings={"l2_source": "redis://pa55-w0rd@127.0.0.1:%d/2?prefix=p" % r.port,
+                                 "log_level": "debug"})
+            wait_until(lambda: d.request("GET", "/readyz").status == 200, DEADLINE, "first scan")
+            wait_until(lambda: len(kvidx_keys(d)) == 10, DEADLINE, "ten keys")
+            stats = d.request("GET", "/v1/stats").body.decode()
+            metrics = d.request("GET", "/metrics").body.decode()
+            one = d.request("GET", "/v1/keys/" + lmc_key(3)).body.decode()
+            for text in (stats, metrics, one, d.log()):
+                self.assertNotIn("pa55-w0rd", text)
+            self.assertIn("***@127.0.0.1", stats)
+            c.close()
+        finally:
+            if d:
+                d.kill()
+            r.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()
