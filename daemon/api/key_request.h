@@ -16,7 +16,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum key_request_kind { BODY_LOOKUP = 1, BODY_PREFETCH = 2 };
+/* BODY_STORE: the ipc form of PUT /v1/keys (no "keys", no attn_window;
+ * tier, size_bytes or sizes instead). */
+enum key_request_kind { BODY_LOOKUP = 1, BODY_PREFETCH = 2, BODY_STORE = 3 };
 
 struct key_request {
     cJSON *body;
@@ -29,6 +31,8 @@ struct key_request {
     /* The other members of the body, NULL when absent: tier (lookup);
      * mode, trim_policy, extra_count, external_request_id, lease_ms (prefetch). */
     const cJSON *tier, *mode, *trim, *extra, *ext_id, *lease;
+    /* tier, size_bytes and sizes (store). */
+    const cJSON *size, *sizes;
 };
 
 /* Parses and validates the keys of req's body. Returns 0 with *kr filled
