@@ -40,15 +40,62 @@ static inline void tb_printf(tbuf_t *b, const char *fmt, ...)
     }
 }
 
+static inline void tb_room(tbuf_t *b, size_t n)
+{
+    if (b->len + n + 1 <= b->cap)
+        return;
+    size_t nc = b->cap ? b->cap * 2 : 4096;
+    while (nc < b->len + n + 1)
+        nc *= 2;
+    b->s = realloc(b->s, nc);
+    b->cap = nc;
+}
+
 static inline void tb_bytes(tbuf_t *b, const char *s, size_t n)
 {
-    tb_printf(b, "%.*s", (int)n, n ? s : "");
+    tb_room(b, n);
+    if (n)
+        memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = '\0';
 }
 
 static inline void tb_hex(tbuf_t *b, const uint8_t *h, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        tb_printf(b, "%02x", h[i]);
+    static const char digits[] = "0123456789abcdef";
+    tb_room(b, 2 * n);
+    for (size_t i = 0; i < n; i++) {
+        b->s[b->len++] = digits[h[i] >> 4];
+        b->s[b->len++] = digits[h[i] & 15];
+    }
+    b->s[b->len] = '\0';
+}
+
+static inline void tb_u64(tbuf_t *b, uint64_t v)
+{
+    char tmp[20];
+    size_t n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    tb_room(b, n);
+    while (n)
+        b->s[b->len++] = tmp[--n];
+    b->s[b->len] = '\0';
+}
+
+/* A double as the bits that make it: exact, and much cheaper than %.17g. */
+static inline void tb_f64(tbuf_t *b, double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, sizeof(u));
+    tb_u64(b, u);
+}
+
+static inline void tb_str(tbuf_t *b, const char *s)
+{
+    tb_bytes(b, s, strlen(s));
 }
 
 static inline const char *tier_name(int t)
@@ -59,18 +106,28 @@ static inline const char *tier_name(int t)
 static inline void tb_key(tbuf_t *b, const kvidx_key_t *k)
 {
     tb_bytes(b, k->salt, k->salt_len);
-    tb_printf(b, "|");
+    tb_str(b, "|");
     tb_bytes(b, k->model, k->model_len);
-    tb_printf(b, "|%u|%u|", k->kv_rank, k->group);
+    tb_str(b, "|");
+    tb_u64(b, k->kv_rank);
+    tb_str(b, "|");
+    tb_u64(b, k->group);
+    tb_str(b, "|");
     tb_hex(b, k->hash, k->hash_len);
 }
 
 static inline void tb_placement(tbuf_t *b, const kvidx_dir_placement_t *p)
 {
     tb_bytes(b, p->instance_id, p->instance_len);
-    tb_printf(b, ",%llu,%s,", (unsigned long long)p->incarnation, tier_name(p->tier));
+    tb_str(b, ",");
+    tb_u64(b, p->incarnation);
+    tb_str(b, ",");
+    tb_str(b, tier_name(p->tier));
+    tb_str(b, ",");
     tb_bytes(b, p->backend, p->backend_len);
-    tb_printf(b, ",%llu,%d;", (unsigned long long)p->size_bytes, p->shared);
+    tb_str(b, ",");
+    tb_u64(b, p->size_bytes);
+    tb_str(b, p->shared ? ",1;" : ",0;");
 }
 
 static inline int tb_record(void *ctx, const kvidx_dir_record_t *r)
@@ -110,9 +167,11 @@ static inline int tb_record(void *ctx, const kvidx_dir_record_t *r)
         break;
     }
     case KVIDX_DIR_REC_KEY:
-        tb_printf(b, "K ");
+        tb_str(b, "K ");
         tb_key(b, &r->key.key);
-        tb_printf(b, " %.17g :", r->key.last_access);
+        tb_str(b, " ");
+        tb_f64(b, r->key.last_access);
+        tb_str(b, " :");
         for (size_t i = 0; i < r->key.num_placements; i++)
             tb_placement(b, &r->key.placements[i]);
         tb_printf(b, "\n");
