@@ -17,6 +17,7 @@
 #   BENCH_PF_REPS     submit+poll+release cycles of the 1024-key prefetch (default 500);
 #                     the 262,144-key ipc prefetch runs BENCH_PF_REPS/25 cycles (>= 8)
 #   BENCH_LOOKUP_SECS seconds of each lookup / MGET round (default 3)
+#   BENCH_REDIS_KEYS  keys in the Redis source's initial-sync run (default 1000000)
 #   BENCH_PIN         1 = server on CPU 0, client on CPU 1 (default 1 if nproc >= 2)
 set -u
 B=${1:-build-bench}
@@ -73,7 +74,7 @@ echo "kvidx bench: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "machine: nproc=$NPROC cpu=\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\" kernel=$(uname -r)"
 echo "pinning: $([ "$PIN" = 1 ] && echo 'servers on CPU 0, clients (wrk, bench_http) on CPU 1' || echo none)"
 
-for p in kvidxd bench_index bench_fold bench_json bench_http bench_lookup bench_persist; do
+for p in kvidxd bench_index bench_fold bench_json bench_http bench_lookup bench_persist bench_redis_source; do
     [ -x "$B/$p" ] || { echo "missing $B/$p: build with -DKVIDX_BENCH=ON first" >&2; exit 1; }
 done
 
@@ -331,6 +332,50 @@ row "LOOKUP ipc1024/MGET1000 (target>=3)" "$r" "x $(meets "$r" 3)"
 [ -n "$RPORT" ] && stop_pid "$RPID"
 curl -s "http://127.0.0.1:$KPORT/metrics" 2>/dev/null | grep -E '^kvidx_lookup_hit_keys_(count|sum)' | sed 's/^/   /'
 stop_pid "$KPID"
+
+# ---------------------------------------------------------------- 6. Redis source
+# l2_source = redis://: initial sync of BENCH_REDIS_KEYS LMCache keys (SCAN +
+# pipelined STRLEN) beside a bare `redis-cli --scan | wc -l` of the same
+# server in the same run (target: within 2x), then notification-to-visible
+# latency of 10,000 SETs (target p99 <= 20 ms).
+REDIS_KEYS=${BENCH_REDIS_KEYS:-1000000}
+if have redis-server && have redis-cli; then
+    RPORT=$(free_port 5)
+    $SRV redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+        --notify-keyspace-events AKE --dir "$TMP" --logfile "$TMP/redis-src.log" >/dev/null 2>&1 &
+    RPID=$!
+    PIDS="$PIDS $RPID"
+    if wait_port "$RPORT"; then
+        say "Redis source: $REDIS_KEYS keys (SET, 100-byte values, prefix lmc); bare scan vs initial sync"
+        "$B/bench_redis_source" gen "$REDIS_KEYS" lmc | timeout 300 redis-cli -p "$RPORT" --pipe | tail -1
+        rs=""; ks=""; i=0
+        while [ $i -lt "$REPS" ]; do
+            t0=$(date +%s.%N)
+            n=$($CLI timeout 300 redis-cli -p "$RPORT" --scan | wc -l)
+            t1=$(date +%s.%N)
+            r=$(awk -v n="$n" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", n / (b - a) }')
+            echo "   redis-cli --scan: $n keys, $r keys/s"
+            rs=$(max "$rs" "$r")
+            $CLI timeout 300 "$B/bench_redis_source" sync "$RPORT" lmc | tee "$TMP/rsync.txt"
+            ks=$(max "$ks" "$(val sync_keys_per_s "$TMP/rsync.txt")")
+            i=$((i + 1))
+        done
+        row "REDIS source initial sync $REDIS_KEYS" "$ks" "keys/s"
+        row "REDIS redis-cli --scan | wc -l" "$rs" "keys/s"
+        r=$(ratio "$rs" "$ks")
+        row "REDIS bare scan / sync (target<=2)" "$r" "x $(meets_le "$r" 2)"
+        say "Redis source: notification-to-visible latency, 10000 SETs one at a time"
+        $CLI timeout 300 "$B/bench_redis_source" latency "$RPORT" 10000 lmc | tee "$TMP/rlat.txt"
+        row "REDIS notify->visible p50" "$(val notify_p50_ms "$TMP/rlat.txt")" "ms"
+        p99=$(val notify_p99_ms "$TMP/rlat.txt")
+        row "REDIS notify->visible p99 (target<=20)" "$p99" "ms $(meets_le "$p99" 20)"
+    else
+        echo "redis-server did not start (no Redis source figures)"
+    fi
+    stop_pid "$RPID"
+else
+    echo "redis-server/redis-cli not installed: no Redis source figures (install redis-server redis-tools)"
+fi
 
 echo
 echo "================================ summary ================================"
