@@ -39,7 +39,6 @@ static void own_scan_begin(void *ctx, struct redis_node *n)
 {
     struct redis_source *rs = ctx;
     (void)n;
-    rs->base.scan_started_ms = app_now_ms(rs->base.app);
     source_resync_begin(&rs->base);
 }
 
@@ -47,9 +46,8 @@ static void own_scan_end(void *ctx, struct redis_node *n, uint64_t skipped)
 {
     struct redis_source *rs = ctx;
     (void)n;
-    source_resync_end(&rs->base);
     rs->base.skipped = skipped;
-    rs->base.last_scan_ms = app_now_ms(rs->base.app) - rs->base.scan_started_ms;
+    source_resync_end(&rs->base);
 }
 
 static int own_put(void *ctx, struct redis_node *n, const kvidx_key_t *keys, const uint64_t *sizes,

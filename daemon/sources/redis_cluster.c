@@ -137,8 +137,15 @@ static void own_scan_end(void *ctx, struct redis_node *n, uint64_t skipped)
         if (c->nodes[i])
             sk += c->nodes[i]->node.skipped;
     c->base.skipped = sk;
-    c->base.resyncs++;
-    c->base.last_scan_ms = app_now_ms(c->base.app) - c->base.scan_started_ms;
+    /* The source has completed a full scan when every primary has. */
+    int all = 1;
+    for (int i = 0; i < NODES_MAX; i++)
+        if (c->nodes[i] && !c->nodes[i]->retiring && !c->nodes[i]->node.ever_scanned)
+            all = 0;
+    if (all) {
+        c->base.resyncs++;
+        c->base.last_scan_ms = app_now_ms(c->base.app) - c->base.scan_started_ms;
+    }
     try_retire(c);
     update_state(c);
 }
@@ -232,6 +239,9 @@ static void update_state(struct redis_cluster *c)
         source_set_state(&c->base, SOURCE_RESCANNING, NULL);
     else
         source_set_state(&c->base, SOURCE_LIVE, "");
+    /* Every primary is followed and scanned since it was last reached. */
+    if (any && !unscanned && !down)
+        c->base.stale = 0;
 }
 
 static void on_cnode_closed(struct redis_node *n)
@@ -625,6 +635,8 @@ static void op_metrics(const struct source *s, struct buf *out)
         if (!cn)
             continue;
         redis_node_metrics(s->name, &cn->node, out, 1);
+        buf_puts(out, "# HELP kvidx_redis_node_keys Keys the source holds from this primary.\n"
+                      "# TYPE kvidx_redis_node_keys gauge\n");
         buf_printf(out, "kvidx_redis_node_keys{source=\"");
         for (const char *p = s->name; *p; p++) {
             if (*p == '\\' || *p == '"')

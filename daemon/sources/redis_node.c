@@ -690,14 +690,24 @@ void redis_node_metrics(const char *source, const struct redis_node *n, struct b
                         int with_node)
 {
     static const struct {
-        const char *name;
+        const char *name, *type, *help;
         int field;
     } fams[] = {
-        {"kvidx_redis_reconnects_total", 0},       {"kvidx_redis_events_total", 1},
-        {"kvidx_redis_flushes_detected_total", 2}, {"kvidx_redis_notification_lag_seconds", 3},
-        {"kvidx_redis_notifications_complete", 4}, {"kvidx_redis_dbsize", 5},
+        {"kvidx_redis_reconnects_total", "counter", "Reconnects to the Redis/Valkey server.", 0},
+        {"kvidx_redis_events_total", "counter", "Keyspace event notifications received.", 1},
+        {"kvidx_redis_flushes_detected_total", "counter",
+         "Flushes (or keys gone without events) that triggered a rescan.", 2},
+        {"kvidx_redis_notification_lag_seconds", "gauge",
+         "Last heartbeat's time from PUBLISH to its delivery on the subscriber connection.", 3},
+        {"kvidx_redis_notifications_complete", "gauge",
+         "1 when notify-keyspace-events has every event the source needs.", 4},
+        {"kvidx_redis_dbsize", "gauge", "Keys in the server's database (last DBSIZE).", 5},
     };
     for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
+        /* Every family has its HELP and TYPE; the registry keeps one of
+         * each when several sources or nodes write the same family. */
+        buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", fams[i].name, fams[i].help, fams[i].name,
+                   fams[i].type);
         buf_puts(out, fams[i].name);
         buf_puts(out, "{source=\"");
         redis_label(out, source);
