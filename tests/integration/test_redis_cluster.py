@@ -1,0 +1,185 @@
+"""l2_source = redis+cluster://...: three primaries (each with a replica)
+on loopback ports made with redis-cli --cluster create; keys over all
+slots; one primary killed and failed over, and a slot range resharded
+during writes; the listing converges to the union of the primaries'
+keyspaces, and two kvidxd processes following the same cluster agree key
+for key. Bounded to about two minutes."""
+
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import Daemon  # noqa: E402
+from redis_helper import (Client, RedisError, RedisServer, daemon_has_sources,  # noqa: E402
+                          have_redis, keyspace, kvidx_keys, lmc_key, wait_until)
+
+DEADLINE = 30.0
+
+
+def crc16(data):
+    crc = 0
+    for b in data:
+        crc ^= b << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+class ClusterClient:
+    """Sends each key's command to the primary of its slot (follows MOVED/ASK)."""
+
+    def __init__(self, ports):
+        self.ports = list(ports)
+        self.conns = {}
+        self.refresh()
+
+    def conn(self, port):
+        if port not in self.conns:
+            self.conns[port] = Client(port)
+        return self.conns[port]
+
+    def refresh(self):
+        for p in self.ports:
+            try:
+                slots = self.conn(p).cmd("CLUSTER", "SLOTS")
+            except OSError:
+                self.conns.pop(p, None)
+                continue
+            if isinstance(slots, list):
+                self.map = [None] * 16384
+                for rng in slots:
+                    for s in range(rng[0], rng[1] + 1):
+                        self.map[s] = rng[2][1]
+                return
+        raise RuntimeError("no node answers CLUSTER SLOTS")
+
+    def cmd(self, key, *args):
+        port = self.map[crc16(key.encode()) & 16383]
+        for _ in range(10):
+            try:
+                r = self.conn(port).cmd(*args)
+            except OSError:
+                self.conns.pop(port, None)
+                time.sleep(0.2)
+                self.refresh()
+                port = self.map[crc16(key.encode()) & 16383]
+                continue
+            if isinstance(r, RedisError) and str(r).startswith(("MOVED", "ASK")):
+                port = int(str(r).split()[2].rsplit(":", 1)[1])
+                if str(r).startswith("ASK"):
+                    self.conn(port).cmd("ASKING")
+                else:
+                    self.refresh()
+                continue
+            if isinstance(r, RedisError) and "CLUSTERDOWN" in str(r):
+                time.sleep(0.2)
+                continue
+            return r
+        raise RuntimeError("no answer for " + key)
+
+    def primaries(self):
+        return sorted(set(p for p in self.map if p))
+
+
+@unittest.skipUnless(have_redis(), "redis-server/redis-cli not installed (scripts/deps.sh test)")
+@unittest.skipUnless(daemon_has_sources(), "this kvidxd has no l2_source setting yet")
+class RedisClusterTest(unittest.TestCase):
+    def setUp(self):
+        args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
+                "--notify-keyspace-events", "AKE")
+        self.servers = []
+        for i in range(6):
+            r = RedisServer(args=args + ("--cluster-config-file", "nodes.conf"), name="cl%d" % i)
+            self.servers.append(r)
+        addrs = ["127.0.0.1:%d" % r.port for r in self.servers]
+        out = subprocess.run(["redis-cli", "--cluster", "create"] + addrs +
+                             ["--cluster-replicas", "1", "--cluster-yes"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stdout.decode()[-2000:])
+        ports = [r.port for r in self.servers]
+        wait_until(lambda: all(Client(p).cmd("CLUSTER", "INFO").find(b"cluster_state:ok") >= 0
+                               for p in ports), 20, "cluster_state:ok")
+        self.cc = ClusterClient(ports)
+        self.daemons = []
+
+    def tearDown(self):
+        for d in self.daemons:
+            d.kill()
+        for r in self.servers:
+            r.stop()
+
+    def start(self):
+        seeds = ",".join("127.0.0.1:%d" % r.port for r in self.servers[:2])
+        d = Daemon(settings={"l2_source": "redis+cluster://%s?prefix=lmc" % seeds,
+                             "l2_source_reconnect_max_ms": 500})
+        self.daemons.append(d)
+        wait_until(lambda: d.request("GET", "/readyz").status == 200, DEADLINE, "first scans")
+        return d
+
+    def union(self):
+        out = {}
+        for p in self.cc.primaries():
+            out.update(keyspace(Client(p), "lmc"))
+        return out
+
+    def converge(self, d, what):
+        last = {}
+
+        def same():
+            last["want"], last["got"] = self.union(), kvidx_keys(d)
+            return last["want"] == last["got"]
+        try:
+            wait_until(same, DEADLINE, what, interval=0.2)
+        except AssertionError:
+            w, g = last.get("want", {}), last.get("got", {})
+            self.fail("%s: kvidx %d keys, cluster %d; missing %s extra %s" % (
+                what, len(g), len(w), sorted(set(w) - set(g))[:3], sorted(set(g) - set(w))[:3]))
+
+    def write(self, ids, size=64):
+        for i in ids:
+            k = lmc_key(i, "lmc")
+            self.cc.cmd(k, "SET", k, b"v" * (size + i % 5))
+
+    def test_failover_reshard_and_two_nodes_agree(self):
+        self.write(range(1500))
+        d1 = self.start()
+        d2 = self.start()
+        self.converge(d1, "first scans")
+        # Kill one primary: its replica is promoted (cluster-node-timeout 1 s).
+        victim = self.cc.primaries()[0]
+        for r in self.servers:
+            if r.port == victim:
+                r.kill()
+        self.cc.ports = [r.port for r in self.servers if r.port != victim]
+        wait_until(lambda: (self.cc.refresh() or True) and victim not in self.cc.primaries(),
+                   DEADLINE, "failover")
+        self.write(range(1500, 2000))
+        self.converge(d1, "after the failover")
+        # Reshard 500 slots between the two other primaries during writes.
+        prim = self.cc.primaries()
+        ids = {}
+        for p in prim:
+            ids[p] = Client(p).cmd("CLUSTER", "MYID").decode()
+        src, dst = prim[0], prim[1]
+        proc = subprocess.Popen(
+            ["redis-cli", "--cluster", "reshard", "127.0.0.1:%d" % src, "--cluster-from", ids[src],
+             "--cluster-to", ids[dst], "--cluster-slots", "500", "--cluster-yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        n = 2000
+        while proc.poll() is None and n < 6000:
+            self.write(range(n, n + 50))
+            n += 50
+        proc.wait(60)
+        self.cc.refresh()
+        self.write(range(n, n + 100))
+        self.converge(d1, "after resharding")
+        self.converge(d2, "second daemon")
+        self.assertEqual(kvidx_keys(d1), kvidx_keys(d2))
+
+
+if __name__ == "__main__":
+    unittest.main()
