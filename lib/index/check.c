@@ -365,5 +365,6 @@ int kvidx_index_check(const kvidx_index_t *idx)
         CHECK_RC(check_slab(idx, cls, &sum));
     CHECK_RC(check_l1(idx, &sum));
     CHECK_RC(check_counters(idx, &sum));
-    return ix_check_sources(idx);
+    CHECK_RC(ix_check_sources(idx));
+    return ix_check_accounts(idx);
 }

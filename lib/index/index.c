@@ -102,6 +102,7 @@ void kvidx_index_free(kvidx_index_t *idx)
     kvidx_free(idx->l1);
     kvidx_free(idx->scratch);
     ix_sources_free(idx);
+    ix_accounts_free(idx);
     kvidx_free(idx);
 }
 

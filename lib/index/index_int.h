@@ -137,6 +137,7 @@ typedef struct ns {
     void *root;      /* leaf_t when height == 0, inner_t otherwise; NULL if empty */
     uint32_t height; /* number of inner levels */
     uint32_t id;
+    uint32_t acct; /* the account of its salt (quota.c) */
     struct leaf *first;
 } ns_t;
 
@@ -191,10 +192,49 @@ typedef struct l1m {
     uint32_t prev, next; /* LRU links (slot 0 is the list head), or free list */
     uint32_t pins;
     uint64_t gen;
-    uint8_t state; /* KVIDX_L1_*; KVIDX_L1_NONE on a free slot */
+    uint32_t acct;         /* the account of its key's salt (quota.c) */
+    uint32_t sprev, snext; /* links in that account's LRU while in_lru (0 ends) */
+    uint8_t state;         /* KVIDX_L1_*; KVIDX_L1_NONE on a free slot */
     uint8_t temporary;
     uint8_t in_lru;
 } l1m_t;
+
+/* ---- salt accounts and quotas (quota.c) ---- */
+
+/* One account per salt that has namespaces: its L1 copies, their bytes,
+ * and its own LRU list (newest .. oldest through sprev/snext) of the
+ * copies that are in the index's LRU, in the same relative order. */
+typedef struct ix_acct {
+    const istr_t *salt; /* its namespaces' interned salt; NULL on a free slot */
+    uint32_t nns;       /* namespaces of this salt */
+    uint32_t newest, oldest;
+    uint32_t next_free;
+    uint32_t qi;    /* 1 + its entry in the quota table, 0: none */
+    uint64_t quota; /* that entry's bytes, 0: none */
+    uint64_t l1_keys, l1_bytes, lru_bytes;
+    uint64_t evictions; /* copies evicted for its quota */
+} ix_acct_t;
+
+/* A quota, with what the batch store in progress adds to its salt. */
+typedef struct ix_quota {
+    uint64_t bytes;
+    int64_t pend_d1;    /* L1 bytes the batch adds */
+    uint64_t pend_excl; /* evictable bytes of the batch's own keys */
+    size_t pend_next;   /* 1 + the next pending entry, 0 ends */
+    uint8_t pend_on;
+    uint8_t len;
+    char salt[KVIDX_SALT_MAX];
+} ix_quota_t;
+
+typedef struct ix_accounts {
+    ix_acct_t *v;         /* v[0] is never used: account 0 means none */
+    uint32_t n, cap;      /* slots handed out (0 included), allocated */
+    uint32_t free, nfree; /* free slots threaded through next_free (0 ends) */
+    ix_quota_t *quotas;   /* sorted by salt bytes */
+    size_t nquotas;
+    size_t pend_head;   /* 1 + the first pending quota, 0: none (only inside a store) */
+    uint64_t evictions; /* quota evictions, all salts */
+} ix_accounts_t;
 
 typedef struct counters {
     uint64_t keys, l1_keys, l1_bytes, l1_loading, l1_pinned, l1_pins, lru_bytes;
@@ -240,6 +280,8 @@ struct kvidx_index {
     size_t scratch_cap;
 
     struct ix_sources *src; /* NULL until a source is added */
+
+    ix_accounts_t acc; /* per-salt L1 accounts and quotas (quota.c) */
 };
 
 /* ---- record accessors ---- */
@@ -625,6 +667,17 @@ static inline void lru_unlink(kvidx_index_t *idx, uint32_t m, uint64_t size)
     idx->l1[e->next].prev = e->prev;
     e->in_lru = 0;
     idx->c.lru_bytes -= size;
+    /* And out of its salt's list. */
+    ix_acct_t *a = &idx->acc.v[e->acct];
+    if (e->sprev)
+        idx->l1[e->sprev].snext = e->snext;
+    else
+        a->newest = e->snext;
+    if (e->snext)
+        idx->l1[e->snext].sprev = e->sprev;
+    else
+        a->oldest = e->sprev;
+    a->lru_bytes -= size;
 }
 
 /* Links m as the most recent (slot 0 is the head: 0.next = most recent). */
@@ -637,6 +690,26 @@ static inline void lru_push(kvidx_index_t *idx, uint32_t m, uint64_t size)
     idx->l1[0].next = m;
     e->in_lru = 1;
     idx->c.lru_bytes += size;
+    /* And the newest of its salt's list. */
+    ix_acct_t *a = &idx->acc.v[e->acct];
+    e->sprev = 0;
+    e->snext = a->newest;
+    if (a->newest)
+        idx->l1[a->newest].sprev = m;
+    else
+        a->oldest = m;
+    a->newest = m;
+    a->lru_bytes += size;
+}
+
+/* A resize of the key of L1 copy m from `from` to `to` bytes, in its salt's
+ * account (the caller keeps the index's own counters). */
+static inline void acct_resize(kvidx_index_t *idx, uint32_t m, uint64_t from, uint64_t to)
+{
+    ix_acct_t *a = &idx->acc.v[idx->l1[m].acct];
+    a->l1_bytes = a->l1_bytes - from + to;
+    if (idx->l1[m].in_lru)
+        a->lru_bytes = a->lru_bytes - from + to;
 }
 
 /* Creates an L1 copy for ref (slot reserved); not linked in the LRU. */
@@ -651,12 +724,18 @@ static inline uint32_t l1_create(kvidx_index_t *idx, kvidx_ref_t ref, uint8_t st
     e->state = state;
     e->temporary = (uint8_t)(temporary != 0);
     e->in_lru = 0;
+    e->sprev = e->snext = 0;
     uint8_t *r = rec_at(idx, ref);
     rec_set_l1(r, m);
+    uint64_t size = rec_size(r);
     idx->c.l1_keys++;
-    idx->c.l1_bytes += rec_size(r);
+    idx->c.l1_bytes += size;
     if (state == KVIDX_L1_LOADING)
         idx->c.l1_loading++;
+    e->acct = idx->ns_ids[rec_ns(r)].ns->acct;
+    ix_acct_t *a = &idx->acc.v[e->acct];
+    a->l1_keys++;
+    a->l1_bytes += size;
     return m;
 }
 
@@ -720,6 +799,36 @@ void ix_l1_drop(kvidx_index_t *idx, kvidx_ref_t ref);
 void ix_forget(kvidx_index_t *idx, kvidx_ref_t ref);
 void ix_notify(kvidx_index_t *idx, kvidx_ref_t ref, const kvidx_durable_t *before);
 void ix_evict_to_fit(kvidx_index_t *idx);
+void ix_evict_copy(kvidx_index_t *idx, uint32_t m);
 int ix_l1_room(const kvidx_index_t *idx, uint64_t extra, uint64_t excluded);
+
+/* quota.c */
+
+/* The account of a live ref's salt. */
+static inline uint32_t acct_of_ref(const kvidx_index_t *idx, kvidx_ref_t ref)
+{
+    return idx->ns_ids[rec_ns(rec_at(idx, ref))].ns->acct;
+}
+
+/* The quota entry of the last salt looked up by ix_quota_add for a key
+ * whose namespace does not exist yet. */
+typedef struct ix_qcache {
+    int valid;
+    const char *salt;
+    size_t salt_len;
+    size_t qi;
+} ix_qcache_t;
+
+int ix_acct_attach(kvidx_index_t *idx, ns_t *ns, size_t pos);
+void ix_acct_detach(kvidx_index_t *idx, ns_t *ns);
+void ix_accounts_free(kvidx_index_t *idx);
+int ix_check_accounts(const kvidx_index_t *idx);
+int ix_quota_room(const kvidx_index_t *idx, uint32_t acct, uint64_t extra, uint64_t excluded);
+void ix_quota_evict(kvidx_index_t *idx, uint32_t acct);
+void ix_quota_evict_all(kvidx_index_t *idx);
+void ix_quota_add(kvidx_index_t *idx, ix_qcache_t *c, kvidx_tier_t tier, const kvidx_put_t *it,
+                  kvidx_ref_t ref, uint32_t ns_id);
+int ix_quota_check_pending(const kvidx_index_t *idx);
+void ix_quota_end_pending(kvidx_index_t *idx, int evict);
 
 #endif

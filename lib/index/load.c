@@ -185,6 +185,7 @@ int kvidx_index_load(kvidx_index_t *idx, const kvidx_load_t *items, size_t n, si
     pending_flush(idx, &p);
     if (rc && ns)
         ix_ns_drop_if_empty(idx, ns);
+    ix_quota_evict_all(idx);
     ix_evict_to_fit(idx);
     return rc;
 }

@@ -10,7 +10,9 @@
  * a range of that array, and each has a small id (its slot in ns_ids, free
  * ids threaded through next_free) that records store instead of a
  * pointer. A namespace exists exactly while it has keys: one created for
- * a store that then fails is dropped again (ix_ns_drop_if_empty). The
+ * a store that then fails is dropped again (ix_ns_drop_if_empty). Each
+ * namespace names the account of its salt (quota.c), made with the salt's
+ * first namespace and freed with its last. The
  * binary search over namespaces is inlined in index_int.h.
  */
 #include "index_int.h"
@@ -116,7 +118,11 @@ int ix_ns_get(kvidx_index_t *idx, const kvidx_key_t *k, ns_t **out)
         return rc;
     }
     rc = str_get(idx, k->model, k->model_len, &ns->model);
+    if (rc == 0)
+        rc = ix_acct_attach(idx, ns, i);
     if (rc) {
+        if (ns->model)
+            str_put(idx, ns->model);
         str_put(idx, ns->salt);
         kvidx_free(ns);
         return rc;
@@ -147,6 +153,7 @@ void ix_ns_drop_if_empty(kvidx_index_t *idx, ns_t *ns)
     idx->ns_ids[ns->id].ns = NULL;
     idx->ns_ids[ns->id].next_free = idx->ns_free;
     idx->ns_free = ns->id;
+    ix_acct_detach(idx, ns);
     str_put(idx, ns->salt);
     str_put(idx, ns->model);
     kvidx_free(ns);

@@ -94,6 +94,7 @@ static void resize(kvidx_index_t *idx, kvidx_ref_t ref, uint64_t size)
         idx->c.l1_bytes = idx->c.l1_bytes - old + size;
         if (idx->l1[m].in_lru)
             idx->c.lru_bytes = idx->c.lru_bytes - old + size;
+        acct_resize(idx, m, old, size);
     }
     if (rec_l2(r))
         idx->c.l2_bytes = idx->c.l2_bytes - old + size;
@@ -169,6 +170,8 @@ static void put_undo(kvidx_index_t *idx, ix_source_t *s, const sundo_t *u, size_
             ix_forget(idx, e->ref);
             continue;
         }
+        if (rec_l1(r)) /* the salt accounts are not in the saved counters */
+            acct_resize(idx, rec_l1(r), rec_size(r), e->old_size);
         rec_set_size(r, e->old_size);
     }
     idx->c = *saved;

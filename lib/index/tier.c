@@ -56,6 +56,8 @@ void ix_l1_drop(kvidx_index_t *idx, kvidx_ref_t ref)
     lru_unlink(idx, m, size);
     idx->c.l1_keys--;
     idx->c.l1_bytes -= size;
+    idx->acc.v[e->acct].l1_keys--;
+    idx->acc.v[e->acct].l1_bytes -= size;
     if (e->state == KVIDX_L1_LOADING)
         idx->c.l1_loading--;
     if (e->pins) {
@@ -98,10 +100,9 @@ void ix_notify(kvidx_index_t *idx, kvidx_ref_t ref, const kvidx_durable_t *befor
     idx->on_change(idx->on_change_ctx, &k, before, &after);
 }
 
-/* Evicts the least recent evictable copy. The LRU must not be empty. */
-static void evict_one(kvidx_index_t *idx)
+/* Evicts the L1 copy m, which must be in the LRU. */
+void ix_evict_copy(kvidx_index_t *idx, uint32_t m)
 {
-    uint32_t m = idx->l1[0].prev;
     kvidx_ref_t ref = idx->l1[m].ref;
     const uint8_t *r = rec_at(idx, ref);
     uint64_t size = rec_size(r);
@@ -122,7 +123,7 @@ static void evict_one(kvidx_index_t *idx)
 void ix_evict_to_fit(kvidx_index_t *idx)
 {
     while (idx->l1_capacity && idx->c.l1_bytes > idx->l1_capacity && idx->l1[0].prev != 0)
-        evict_one(idx);
+        ix_evict_copy(idx, idx->l1[0].prev);
 }
 
 /* Whether `extra` more L1 bytes fit after evicting, ignoring `excluded`
@@ -241,13 +242,18 @@ int kvidx_index_l1_reserve(kvidx_index_t *idx, kvidx_ref_t ref, int temporary, u
         return KVIDX_ECONFLICT;
     if (!ix_l1_room(idx, rec_size(r), 0))
         return KVIDX_ECAPACITY;
+    uint32_t acct = acct_of_ref(idx, ref);
+    if (!ix_quota_room(idx, acct, rec_size(r), 0))
+        return KVIDX_EQUOTA;
     int rc = ix_l1_reserve_slots(idx, 1);
     if (rc)
         return rc;
     uint32_t m = l1_create(idx, ref, KVIDX_L1_LOADING, temporary);
     if (generation)
         *generation = idx->l1[m].gen;
-    /* The new copy is not in the LRU, so eviction cannot take it. */
+    /* The new copy is not in the LRU, so eviction cannot take it; its
+     * salt's quota is met first, from that salt's own copies. */
+    ix_quota_evict(idx, acct);
     ix_evict_to_fit(idx);
     return 0;
 }
