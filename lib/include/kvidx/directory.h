@@ -241,7 +241,7 @@ int kvidx_directory_list(const kvidx_directory_t *d, const kvidx_dir_filter_t *f
 
 /* The resumable listing: keys strictly after *after (NULL: from the first)
  * in canonical order, calling cb for each that matches the filter, until
- * limit keys matched or max_scan keys were examined (0: no bound). When the
+ * limit keys matched or max_scan keys were examined (either 0: no bound). When the
  * walk stopped before the end, *more is 1 and *resume (caller memory; its
  * model and salt point into the directory, so copy them before changing
  * it) is the last key examined: the next page is after it. A key present
@@ -387,10 +387,11 @@ typedef struct kvidx_dir_record {
 int kvidx_directory_dump(const kvidx_directory_t *d,
                          int (*cb)(void *ctx, const kvidx_dir_record_t *rec), void *ctx);
 
-/* Loads one record (everything is copied). A key must not exist yet, and
- * its placements must have distinct identities; a binding whose chunk hash
- * no key has is ignored (as LMCache does); a stream or instance replaces
- * one of the same id; a capacity follows the declaration rules. Returns 0,
+/* Loads one record (everything is copied; no change callback fires). A key
+ * must not exist yet, and its placements must have distinct identities; a
+ * binding whose chunk hash no key has is ignored (as LMCache does); a
+ * stream or instance replaces one of the same id; a capacity follows the
+ * declaration rules. Returns 0,
  * KVIDX_EINVAL (a field out of range, or a record of another type),
  * KVIDX_ECONFLICT (the key exists, or two placements share an identity), or
  * KVIDX_ENOMEM; nothing changes on failure. */
