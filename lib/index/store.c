@@ -2,10 +2,11 @@
  * Batch stores (kvidx_index_put_batch): all or nothing.
  *
  * A batch goes through phases, each one function: validate the items, look
- * every key up, sort and collapse duplicates (the last position wins),
- * count what the batch adds per tier and check the capacities, reserve
- * every table slot, record and L1 slot it can need, apply in key order,
- * then set recency and report the changes, and finally evict to fit. Until
+ * every key up, collapse duplicates with a hash table over the batch (the
+ * last position wins; no sort), count what the batch adds per tier and
+ * check the capacities, reserve every table slot, record and L1 slot it
+ * can need, apply in batch order, then set recency and report the changes,
+ * and finally evict to fit. Until
  * the apply phase nothing is changed; there only a new namespace or tree
  * nodes can still fail to allocate, and every change made so far is then
  * undone from the undo log (put_rollback), counters included, so that the
@@ -30,14 +31,16 @@ typedef struct undo {
     uint8_t untemped; /* an existing temporary L1 copy was made permanent */
 } undo_t;
 
-/* One batch in progress. order[0..neff) are the effective items in key
+/* One batch in progress. order[0..neff) are the effective items in batch
  * order; undo[0..nu) the changes applied so far, in the same order. */
 typedef struct batch {
     kvidx_tier_t tier;
     const kvidx_put_t *items;
     size_t n, neff, nu;
     work_t *work;
-    uint32_t *order, *tmp;
+    uint32_t *order;
+    uint32_t *dup; /* duplicate table: 1 + item index, 0 when empty */
+    size_t dup_cap;
     undo_t *undo;
     hcache_t hc;
 } batch_t;
@@ -49,40 +52,6 @@ typedef struct need {
     uint64_t excluded, new_l1, new_keys;
     uint64_t new_recs[NCLASS];
 } need_t;
-
-static int put_item_cmp(const kvidx_put_t *items, uint32_t a, uint32_t b)
-{
-    int c = kvidx_key_cmp(&items[a].key, &items[b].key);
-    if (c)
-        return c;
-    return a < b ? -1 : a > b ? 1 : 0;
-}
-
-/* Bottom-up merge sort of item indices by (key, position). */
-static void sort_items(const kvidx_put_t *items, uint32_t *a, uint32_t *tmp, size_t n)
-{
-    /* Input already in key order (a snapshot being restored, a listing
-     * being copied) costs n - 1 comparisons instead of n log n. */
-    size_t sorted = 1;
-    while (sorted < n && put_item_cmp(items, a[sorted - 1], a[sorted]) <= 0)
-        sorted++;
-    if (sorted == n)
-        return;
-    for (size_t w = 1; w < n; w *= 2) {
-        for (size_t lo = 0; lo < n; lo += 2 * w) {
-            size_t mid = lo + w < n ? lo + w : n;
-            size_t hi = lo + 2 * w < n ? lo + 2 * w : n;
-            size_t i = lo, j = mid, k = lo;
-            while (i < mid && j < hi)
-                tmp[k++] = put_item_cmp(items, a[i], a[j]) <= 0 ? a[i++] : a[j++];
-            while (i < mid)
-                tmp[k++] = a[i++];
-            while (j < hi)
-                tmp[k++] = a[j++];
-        }
-        memcpy(a, tmp, n * sizeof(*a));
-    }
-}
 
 static int put_validate(const kvidx_put_t *items, size_t n, size_t *conflict_index)
 {
@@ -97,11 +66,16 @@ static int put_validate(const kvidx_put_t *items, size_t n, size_t *conflict_ind
     return 0;
 }
 
-/* Carves work[n], order[n], tmp[n] and undo[n] from the scratch buffer. */
+/* Carves work[n], order[n], undo[n] and the duplicate table (a power of
+ * two of at least 2n slots) from the scratch buffer. */
 static int put_scratch(kvidx_index_t *idx, batch_t *b)
 {
     size_t n = b->n;
-    size_t bytes = n * (sizeof(work_t) + 2 * sizeof(uint32_t) + sizeof(undo_t));
+    size_t cap = 8;
+    while (cap < 2 * n)
+        cap *= 2;
+    size_t bytes =
+        n * (sizeof(work_t) + sizeof(uint32_t) + sizeof(undo_t)) + cap * sizeof(uint32_t);
     void *mem;
     int rc = ix_scratch_get(idx, bytes, &mem);
     if (rc)
@@ -109,7 +83,8 @@ static int put_scratch(kvidx_index_t *idx, batch_t *b)
     b->undo = mem;
     b->work = (work_t *)(b->undo + n);
     b->order = (uint32_t *)(b->work + n);
-    b->tmp = b->order + n;
+    b->dup = b->order + n;
+    b->dup_cap = cap;
     return 0;
 }
 
@@ -154,21 +129,60 @@ static int put_lookup(const kvidx_index_t *idx, batch_t *b, size_t *conflict_ind
     return 0;
 }
 
-/* Sorts by key: duplicates become runs (the last position wins) and new
- * keys reach each tree in order. */
-static void put_dedup(batch_t *b)
+/* Whether items i and j name the same key: existing keys are equal when
+ * their refs are; absent keys of a known namespace by their in-namespace
+ * part; the others by the whole key. */
+static int put_same(const batch_t *b, uint32_t i, uint32_t j)
 {
-    uint32_t *order = b->order;
-    for (size_t i = 0; i < b->n; i++)
-        order[i] = (uint32_t)i;
-    sort_items(b->items, order, b->tmp, b->n);
+    const work_t *x = &b->work[i], *y = &b->work[j];
+    if (x->ref != KVIDX_REF_NONE || y->ref != KVIDX_REF_NONE)
+        return x->ref == y->ref;
+    if (x->ns != y->ns)
+        return 0;
+    const kvidx_key_t *p = &b->items[i].key, *q = &b->items[j].key;
+    if (x->ns == UINT32_MAX)
+        return kvidx_key_equal(p, q);
+    return p->kv_rank == q->kv_rank && p->group == q->group && p->hash_len == q->hash_len &&
+           hash_eq(p->hash, q->hash, p->hash_len);
+}
+
+/* Finds the effective items (the last occurrence of each key) with a hash
+ * table over the batch, from the end: no sort. The slot of an existing key
+ * comes from its ref, of an absent one from its table hash (keyed), or,
+ * when its namespace does not exist yet, from the keyed hash of the whole
+ * key, so a batch crafted to collide costs no more than any other.
+ * order[0..neff) gets the effective items in batch order. */
+static void put_dedup(const kvidx_index_t *idx, batch_t *b)
+{
+    uint32_t *slot = b->dup;
+    size_t mask = b->dup_cap - 1;
+    memset(slot, 0, b->dup_cap * sizeof(*slot));
     size_t neff = 0;
-    for (size_t j = 0; j < b->n; j++) {
-        if (j + 1 < b->n && kvidx_key_equal(&b->items[order[j]].key, &b->items[order[j + 1]].key))
-            continue;
-        b->work[order[j]].effective = 1;
-        order[neff++] = order[j];
+    for (size_t i = b->n; i-- > 0;) {
+        work_t *w = &b->work[i];
+        uint64_t h;
+        if (w->ref != KVIDX_REF_NONE)
+            h = (uint64_t)w->ref * UINT64_C(0x9e3779b97f4a7c15) >> 20;
+        else if (w->ns != UINT32_MAX)
+            h = w->h;
+        else
+            h = kvidx_index_key_hash64(idx, &b->items[i].key);
+        size_t j = (size_t)h & mask;
+        for (;; j = (j + 1) & mask) {
+            if (!slot[j]) {
+                slot[j] = (uint32_t)(i + 1);
+                w->effective = 1;
+                neff++;
+                break;
+            }
+            if (put_same(b, slot[j] - 1, (uint32_t)i))
+                break;
+        }
     }
+    size_t k = 0;
+    for (size_t i = 0; i < b->n; i++)
+        if (b->work[i].effective)
+            b->order[k++] = (uint32_t)i;
     b->neff = neff;
 }
 
@@ -229,22 +243,6 @@ static int put_reserve(kvidx_index_t *idx, const need_t *nd)
     return rc;
 }
 
-/* Each salt's quota (quota.c): what the batch adds to a salt's L1 must fit
- * after evicting that salt's own copies outside the batch. The salts seen
- * stay pending (and are evicted to their quota after the batch is in) until
- * ix_quota_end_pending. */
-static int put_quota(kvidx_index_t *idx, const batch_t *b)
-{
-    if (!idx->acc.nquotas)
-        return 0;
-    ix_qcache_t c = {0, NULL, 0, 0};
-    for (size_t j = 0; j < b->neff; j++) {
-        const work_t *w = &b->work[b->order[j]];
-        ix_quota_add(idx, &c, b->tier, &b->items[b->order[j]], w->ref, w->ns);
-    }
-    return ix_quota_check_pending(idx);
-}
-
 /* Stores item it into the existing key ref, logging the old state in u. */
 static void put_apply_existing(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put_t *it,
                                kvidx_ref_t ref, undo_t *u)
@@ -261,7 +259,6 @@ static void put_apply_existing(kvidx_index_t *idx, kvidx_tier_t tier, const kvid
         idx->c.l1_bytes = idx->c.l1_bytes - u->old_size + it->size_bytes;
         if (idx->l1[m].in_lru)
             idx->c.lru_bytes = idx->c.lru_bytes - u->old_size + it->size_bytes;
-        acct_resize(idx, m, u->old_size, it->size_bytes);
     }
     if (u->old_l2)
         idx->c.l2_bytes = idx->c.l2_bytes - u->old_size + it->size_bytes;
@@ -336,15 +333,13 @@ static void put_rollback(kvidx_index_t *idx, undo_t *u, size_t nu, const counter
             idx->l1[m].temporary = 1;
         if (m && idx->l1[m].in_lru)
             idx->c.lru_bytes = idx->c.lru_bytes - rec_size(r) + e->old_size;
-        if (m) /* the salt accounts are not in the saved counters */
-            acct_resize(idx, m, rec_size(r), e->old_size);
         rec_set_size(r, e->old_size);
         rec_set_l2(r, e->old_l2);
     }
     idx->c = *saved;
 }
 
-/* Applies the effective items in key order; on failure undoes them all. */
+/* Applies the effective items in batch order; on failure undoes them all. */
 static int put_apply(kvidx_index_t *idx, batch_t *b)
 {
     counters_t saved = idx->c;
@@ -410,6 +405,14 @@ static void put_notify(kvidx_index_t *idx, const batch_t *b)
 int kvidx_index_put_batch(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put_t *items, size_t n,
                           size_t *conflict_index)
 {
+    size_t stored;
+    return kvidx_index_put_batch_count(idx, tier, items, n, conflict_index, &stored);
+}
+
+int kvidx_index_put_batch_count(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put_t *items,
+                                size_t n, size_t *conflict_index, size_t *stored)
+{
+    *stored = 0;
     if (tier != KVIDX_TIER_L1 && tier != KVIDX_TIER_L2)
         return KVIDX_EINVAL;
     if (n == 0)
@@ -430,23 +433,19 @@ int kvidx_index_put_batch(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put
         rc = put_lookup(idx, &b, conflict_index);
     if (rc)
         return rc;
-    put_dedup(&b);
+    put_dedup(idx, &b);
     need_t nd;
     put_count(idx, &b, &nd);
     rc = put_reserve(idx, &nd);
     if (!rc)
-        rc = put_quota(idx, &b);
-    if (!rc)
         rc = put_apply(idx, &b);
-    if (rc) {
-        ix_quota_end_pending(idx, 0);
+    if (rc)
         return rc;
-    }
     if (tier == KVIDX_TIER_L1)
         put_recency(idx, &b);
     if (idx->on_change)
         put_notify(idx, &b);
-    ix_quota_end_pending(idx, 1);
     ix_evict_to_fit(idx);
+    *stored = b.neff;
     return 0;
 }

@@ -233,6 +233,10 @@ uint64_t kvidx_index_key_hash64(const kvidx_index_t *idx, const kvidx_key_t *key
  * On success returns 0. */
 int kvidx_index_put_batch(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put_t *items, size_t n,
                           size_t *conflict_index);
+/* kvidx_index_put_batch that also reports, on success, the number of
+ * distinct keys of the batch in *stored (a key given twice counts once). */
+int kvidx_index_put_batch_count(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put_t *items,
+                                size_t n, size_t *conflict_index, size_t *stored);
 
 /* One item of a bulk load: a key absent from the index, its size and its
  * KVIDX_DURABLE_* tiers (at least one). */
