@@ -1,6 +1,6 @@
 /*
- * Fast path for key-form bodies (and the chunk_hashes of ipc-form ones). A
- * lookup or prefetch of 1000 keys spent
+ * Fast path for key-form bodies (and the chunk_hashes of ipc-form ones, and
+ * the entries of a store). A lookup or prefetch of 1000 keys spent
  * most of its time building, walking and freeing a cJSON tree of 6000
  * values; here one pass over the body bytes reads the keys array into
  * kvidx_key_t directly, and only the rest of the body (the keys array cut
@@ -10,9 +10,10 @@
  * accepts, and gives up (returns 1, nothing allocated) on anything outside
  * it: escapes, raw control bytes (below 0x20) in strings, white space other
  * than the four JSON ones,
- * numbers other than 1..15 plain digits without a leading zero, unknown or
- * repeated key members, nested values before "keys", invalid keys, a
- * max_json_depth below 3, or a body whose value count json_parse_body
+ * numbers other than 1..15 plain digits without a leading zero (a
+ * size_bytes other than 1..2^40), unknown or repeated key or entry
+ * members, nested values before "keys", invalid keys, a max_json_depth
+ * below 3 (4 for entries), or a body whose value count json_parse_body
  * would refuse. Within the subset the spans it reads are the spans cJSON
  * reads (every token boundary is a JSON white space byte or ",:]}"), so
  * the rest tree equals cJSON's tree of the whole body with the keys array
@@ -287,6 +288,115 @@ static int key_object(struct cur *c, kvidx_key_t *k, const kvidx_key_t *prev, si
     return kvidx_key_from_input(&in, k, NULL) == 0 ? 0 : -1;
 }
 
+/* A size_bytes value: 1..2^40 as plain digits, what json_uint takes. */
+static int plain_size(struct cur *c, uint64_t *v)
+{
+    double d;
+    if (plain_number(c, &d) != 0 || d < 1 || d > (double)KVIDX_SIZE_MAX)
+        return -1;
+    *v = (uint64_t)d;
+    return 0;
+}
+
+/* A member name given as a literal (quotes included) at c->p, consumed
+ * with the colon after it: 1, or 0 when c->p holds another name. */
+static int literal_name(struct cur *c, const char *lit, size_t n)
+{
+    if ((size_t)(c->e - c->p) < n || memcmp(c->p, lit, n) != 0)
+        return 0;
+    c->p += n;
+    return 1;
+}
+
+/* One KeyEntry object at c->p ('{'): "key" (required) and "size_bytes"
+ * (0 when absent), each at most once, in either order. */
+static int entry_object(struct cur *c, kvidx_put_t *it, const kvidx_key_t *prev, size_t *values)
+{
+    int have_key = 0, have_size = 0;
+    it->size_bytes = 0;
+    c->p++;
+    (*values)++;
+    for (;;) {
+        skip_ws(c);
+        if (literal_name(c, "\"key\"", 5)) {
+            if (have_key || expect(c, ':') != 0)
+                return -1;
+            skip_ws(c);
+            if (c->p == c->e || *c->p != '{' || key_object(c, &it->key, prev, values) != 0)
+                return -1;
+            have_key = 1;
+        } else if (literal_name(c, "\"size_bytes\"", 12)) {
+            if (have_size || expect(c, ':') != 0)
+                return -1;
+            skip_ws(c);
+            if (plain_size(c, &it->size_bytes) != 0)
+                return -1;
+            have_size = 1;
+        } else {
+            return -1;
+        }
+        skip_ws(c);
+        if (c->p == c->e)
+            return -1;
+        if (*c->p == '}') {
+            c->p++;
+            return have_key ? 0 : -1;
+        }
+        if (*c->p != ',')
+            return -1;
+        c->p++;
+        (*values)++;
+    }
+}
+
+/* The entries array at c->p ('['), into ks->items; more than max
+ * elements, or any element that is not a plain KeyEntry, and the cJSON
+ * path answers. */
+static int scan_entries(struct cur *c, struct keyscan *ks, uint64_t max, size_t *values)
+{
+    /* An entry takes at least 80 bytes: one allocation usually. */
+    size_t cap = (size_t)(c->e - c->p) / 80 + 1;
+    if (cap > 4096)
+        cap = 4096;
+    ks->items = malloc(cap * sizeof(*ks->items));
+    if (!ks->items)
+        return -1;
+    c->p++;
+    (*values)++;
+    skip_ws(c);
+    if (c->p < c->e && *c->p == ']') {
+        c->p++;
+        return 0;
+    }
+    for (;;) {
+        skip_ws(c);
+        if (ks->n == max || c->p == c->e || *c->p != '{')
+            return -1;
+        if (ks->n == cap) {
+            kvidx_put_t *a = realloc(ks->items, 2 * cap * sizeof(*a));
+            if (!a)
+                return -1;
+            ks->items = a;
+            cap *= 2;
+        }
+        const kvidx_key_t *prev = ks->n ? &ks->items[ks->n - 1].key : NULL;
+        if (entry_object(c, &ks->items[ks->n], prev, values) != 0)
+            return -1;
+        ks->n++;
+        skip_ws(c);
+        if (c->p == c->e)
+            return -1;
+        if (*c->p == ']') {
+            c->p++;
+            return 0;
+        }
+        if (*c->p != ',')
+            return -1;
+        c->p++;
+        (*values)++;
+    }
+}
+
 static void set_array(struct keyscan *ks, int keys, void *arr)
 {
     if (keys)
@@ -359,6 +469,7 @@ void keyscan_free(struct keyscan *ks)
     cJSON_Delete(ks->rest);
     free(ks->keys);
     free(ks->strs);
+    free(ks->items);
     memset(ks, 0, sizeof(*ks));
 }
 
@@ -368,7 +479,7 @@ int keyscan_text(const char *body, size_t n, const struct app *app, int what, st
     struct cur c = {body, body + n};
     if (expect(&c, '{') != 0)
         return 1;
-    int keys = 0;
+    int keys = 0, entries = 0;
     for (;;) {
         const char *name;
         size_t nlen;
@@ -382,6 +493,10 @@ int keyscan_text(const char *body, size_t n, const struct app *app, int what, st
         }
         if ((what & KEYSCAN_CHUNK_HASHES) && nlen == 12 && memcmp(name, "chunk_hashes", 12) == 0)
             break;
+        if ((what & KEYSCAN_ENTRIES) && nlen == 7 && memcmp(name, "entries", 7) == 0) {
+            entries = 1;
+            break;
+        }
         if (skip_scalar(&c) != 0 || expect(&c, ',') != 0)
             return 1;
     }
@@ -389,16 +504,21 @@ int keyscan_text(const char *body, size_t n, const struct app *app, int what, st
      * show; chunk hashes are strings at depth 2, which it does. */
     if (keys && app && app->cfg.max_json_depth < 3)
         return 1;
+    /* Entries' key objects sit at depth 4. */
+    if (entries && app && app->cfg.max_json_depth < 4)
+        return 1;
     if (c.p == c.e || *c.p != '[')
         return 1;
     const char *a0 = c.p;
     size_t values = 0;
     uint64_t max = app ? app->cfg.max_keys_per_request : 262144;
-    if (scan_array(&c, ks, keys, max, &values) != 0) {
+    if ((entries ? scan_entries(&c, ks, max, &values) : scan_array(&c, ks, keys, max, &values)) !=
+        0) {
         keyscan_free(ks);
         return 1;
     }
-    ks->chunk_hashes = !keys;
+    ks->entries = entries;
+    ks->chunk_hashes = !keys && !entries;
     const char *a1 = c.p;
     /* The rest: body[..a0) "[]" body[a1..); "[]" counts one value of the
      * array's, whose others json_parse_text adds as extra values. */
@@ -418,4 +538,56 @@ int keyscan_text(const char *body, size_t n, const struct app *app, int what, st
         return 1;
     }
     return 0;
+}
+
+int keyscan_put_one(const char *body, size_t n, uint64_t *size, int *tier)
+{
+    struct cur c = {body, body + n};
+    int have_size = 0, have_tier = 0;
+    *size = 0;
+    *tier = 0;
+    if (expect(&c, '{') != 0)
+        return 1;
+    skip_ws(&c);
+    if (c.p < c.e && *c.p == '}') {
+        c.p++;
+    } else {
+        for (;;) {
+            skip_ws(&c);
+            if (literal_name(&c, "\"size_bytes\"", 12)) {
+                if (have_size || expect(&c, ':') != 0)
+                    return 1;
+                skip_ws(&c);
+                if (plain_size(&c, size) != 0)
+                    return 1;
+                have_size = 1;
+            } else if (literal_name(&c, "\"tier\"", 6)) {
+                const char *s;
+                size_t sl;
+                if (have_tier || expect(&c, ':') != 0)
+                    return 1;
+                skip_ws(&c);
+                if (plain_string(&c, &s, &sl) != 0 || sl != 2 || s[0] != 'l' ||
+                    (s[1] != '1' && s[1] != '2'))
+                    return 1;
+                *tier = s[1] - '0';
+                have_tier = 1;
+            } else {
+                return 1;
+            }
+            skip_ws(&c);
+            if (c.p == c.e)
+                return 1;
+            if (*c.p == '}') {
+                c.p++;
+                break;
+            }
+            if (*c.p != ',')
+                return 1;
+            c.p++;
+        }
+    }
+    /* One value: nothing but white space after it. */
+    skip_ws(&c);
+    return c.p == c.e ? 0 : 1;
 }

@@ -4,8 +4,9 @@
  * the same body, each element of its "keys" array goes through json_to_key
  * to the very key the fast path made, and the fast path's rest tree equals
  * the whole tree with the keys array emptied; for a "chunk_hashes" array
- * taken instead, its strings are cJSON's strings byte for byte. The first
- * input byte picks
+ * taken instead, its strings are cJSON's strings byte for byte. A store's
+ * entries (KEYSCAN_ENTRIES) and a single-key store body (keyscan_put_one)
+ * are checked against cJSON the same way. The first input byte picks
  * the limits (default app, max_json_depth 2..4, few keys) so that the
  * fall-backs on limits are exercised too. Any disagreement aborts.
  */
@@ -21,6 +22,95 @@
 #include <string.h>
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
+
+/* A store's entries, with the flags keys_put uses: each scanned entry is
+ * what cJSON reads, its key json_to_key's, its size json_uint's (0 for
+ * none), its members only "key" and "size_bytes" once each. */
+static void check_entries(const struct request *req)
+{
+    struct keyscan ks;
+    if (keyscan_text(req->body, req->body_len, req->app, KEYSCAN_ENTRIES | KEYSCAN_CHUNK_HASHES,
+                     &ks) != 0) {
+        if (ks.rest || ks.items || ks.strs)
+            abort();
+        return;
+    }
+    struct response res;
+    memset(&res, 0, sizeof(res));
+    cJSON *full = NULL;
+    if (json_parse_body(req, &res, &full) != 0)
+        abort();
+    buf_free(&res.body);
+    const char *member = ks.entries ? "entries" : "chunk_hashes";
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(full, member);
+    if (!cJSON_IsArray(arr) || (size_t)cJSON_GetArraySize(arr) != (ks.entries ? ks.n : ks.nstrs))
+        abort();
+    size_t i = 0;
+    for (const cJSON *e = ks.entries ? arr->child : NULL; e; e = e->next, i++) {
+        int nk = 0, nsz = 0;
+        for (const cJSON *m = cJSON_IsObject(e) ? e->child : NULL; m; m = m->next) {
+            if (strcmp(m->string, "key") == 0)
+                nk++;
+            else if (strcmp(m->string, "size_bytes") == 0)
+                nsz++;
+            else
+                abort();
+        }
+        kvidx_key_t k;
+        uint64_t sz = 0;
+        int src = json_uint(cJSON_GetObjectItemCaseSensitive(e, "size_bytes"), 1,
+                            (double)KVIDX_SIZE_MAX, &sz);
+        if (nk != 1 || nsz > 1 || (src != 0 && src != 1) ||
+            (src == 1 ? 0 : sz) != ks.items[i].size_bytes ||
+            json_to_key(cJSON_GetObjectItemCaseSensitive(e, "key"), &k, NULL) != 0 ||
+            !same_key(&k, &ks.items[i].key))
+            abort();
+    }
+    if (!cJSON_ReplaceItemInObjectCaseSensitive(full, member, cJSON_CreateArray()) ||
+        !same_tree(full, ks.rest))
+        abort();
+    cJSON_Delete(full);
+    keyscan_free(&ks);
+}
+
+/* A single-key store body: what keyscan_put_one takes, cJSON reads the
+ * same way. */
+static void check_put_one(const struct request *req)
+{
+    uint64_t size;
+    int tier;
+    if (keyscan_put_one(req->body, req->body_len, &size, &tier) != 0)
+        return;
+    struct response res;
+    memset(&res, 0, sizeof(res));
+    cJSON *full = NULL;
+    if (json_parse_body(req, &res, &full) != 0 || !cJSON_IsObject(full))
+        abort();
+    buf_free(&res.body);
+    int nsz = 0, nt = 0;
+    for (const cJSON *m = full->child; m; m = m->next) {
+        if (strcmp(m->string, "size_bytes") == 0)
+            nsz++;
+        else if (strcmp(m->string, "tier") == 0)
+            nt++;
+        else
+            abort();
+    }
+    uint64_t want = 0;
+    int src = json_uint(cJSON_GetObjectItemCaseSensitive(full, "size_bytes"), 1,
+                        (double)KVIDX_SIZE_MAX, &want);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(full, "tier");
+    size_t tn = 0;
+    const char *ts = t ? json_str(t, &tn) : NULL;
+    int want_tier = !t                                      ? 0
+                    : ts && tn == 2 && !memcmp(ts, "l1", 2) ? 1
+                    : ts && tn == 2 && !memcmp(ts, "l2", 2) ? 2
+                                                            : -1;
+    if (nsz > 1 || nt > 1 || (src != 0 && src != 1) || (src == 1 ? 0 : want) != size ||
+        want_tier != tier)
+        abort();
+    cJSON_Delete(full);
+}
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
 {
@@ -46,6 +136,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     req.body = body;
     req.body_len = size;
     req.app = a;
+    check_entries(&req);
+    check_put_one(&req);
     struct keyscan ks;
     if (keyscan_text(req.body, req.body_len, req.app, KEYSCAN_KEYS | KEYSCAN_CHUNK_HASHES, &ks) !=
         0) {

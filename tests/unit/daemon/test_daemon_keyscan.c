@@ -614,3 +614,431 @@ Test(keyscan, hex_table_matches_the_range_tests)
             cr_assert(n == 1 && out[0] == (uint8_t)want, "byte 0x%02x", c);
     }
 }
+
+/* ---- store bodies: entries and the single-key body ---- */
+
+static size_t n_fast_entries, n_fast_one;
+
+/* The entries counterpart of diff_check, with the flags keys_put uses: 1
+ * when the fast path took the body's entries (and agreed with cJSON), 0
+ * when it fell back or took chunk hashes (checked above). */
+static int diff_check_entries(const char *body, size_t len, struct app *app)
+{
+    struct request req;
+    memset(&req, 0, sizeof(req));
+    req.body = len ? body : "";
+    req.body_len = len;
+    req.app = app;
+    struct keyscan ks;
+    if (keyscan_text(req.body, req.body_len, req.app, KEYSCAN_ENTRIES | KEYSCAN_CHUNK_HASHES,
+                     &ks) != 0) {
+        cr_assert_null(ks.rest);
+        cr_assert_null(ks.items);
+        cr_assert_null(ks.strs);
+        return 0;
+    }
+    int took = ks.entries;
+    cr_assert_null(ks.keys);
+    struct response res;
+    memset(&res, 0, sizeof(res));
+    cJSON *full = NULL;
+    int rc = json_parse_body(&req, &res, &full);
+    buf_free(&res.body);
+    cr_assert_eq(rc, 0, "fast path took a body json_parse_body refuses (%d): %.*s", rc,
+                 (int)(len > 300 ? 300 : len), body);
+    const char *member = ks.entries ? "entries" : "chunk_hashes";
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(full, member);
+    cr_assert(cJSON_IsArray(arr), "no %s array: %.*s", member, (int)(len > 300 ? 300 : len), body);
+    if (ks.entries) {
+        n_fast_entries++;
+        cr_assert_eq((size_t)cJSON_GetArraySize(arr), ks.n, "entry count differs: %.*s",
+                     (int)(len > 300 ? 300 : len), body);
+        size_t i = 0;
+        for (const cJSON *e = arr->child; e; e = e->next, i++) {
+            cr_assert(cJSON_IsObject(e), "entries[%zu] is no object for cJSON", i);
+            /* Only "key" and "size_bytes", each at most once, as keys_put
+             * requires. */
+            int nk = 0, ns = 0, other = 0;
+            for (const cJSON *m = e->child; m; m = m->next) {
+                if (strcmp(m->string, "key") == 0)
+                    nk++;
+                else if (strcmp(m->string, "size_bytes") == 0)
+                    ns++;
+                else
+                    other++;
+            }
+            cr_assert(nk == 1 && ns <= 1 && !other, "entries[%zu] members: %.*s", i,
+                      (int)(len > 300 ? 300 : len), body);
+            kvidx_key_t k;
+            kvidx_reason_t why;
+            cr_assert_eq(json_to_key(cJSON_GetObjectItemCaseSensitive(e, "key"), &k, &why), 0,
+                         "fast path took entries[%zu].key that cJSON refuses: %.*s", i,
+                         (int)(len > 300 ? 300 : len), body);
+            cr_assert(same_key(&k, &ks.items[i].key), "entries[%zu].key differs: %.*s", i,
+                      (int)(len > 300 ? 300 : len), body);
+            uint64_t size = 0;
+            int src = json_uint(cJSON_GetObjectItemCaseSensitive(e, "size_bytes"), 1,
+                                (double)KVIDX_SIZE_MAX, &size);
+            cr_assert(src == 0 || src == 1, "fast path took a size cJSON refuses: %.*s",
+                      (int)(len > 300 ? 300 : len), body);
+            cr_assert_eq(src == 1 ? 0 : size, ks.items[i].size_bytes,
+                         "entries[%zu].size_bytes differs: %.*s", i, (int)(len > 300 ? 300 : len),
+                         body);
+        }
+    } else {
+        size_t i = 0;
+        cr_assert_eq((size_t)cJSON_GetArraySize(arr), ks.nstrs);
+        for (const cJSON *e = arr->child; e; e = e->next, i++)
+            cr_assert(cJSON_IsString(e) && strlen(e->valuestring) == ks.strs[i].n &&
+                      memcmp(e->valuestring, ks.strs[i].s, ks.strs[i].n) == 0);
+    }
+    cr_assert(cJSON_ReplaceItemInObjectCaseSensitive(full, member, cJSON_CreateArray()));
+    cr_assert(same_tree(full, ks.rest), "rest tree differs: %.*s", (int)(len > 300 ? 300 : len),
+              body);
+    cJSON_Delete(full);
+    keyscan_free(&ks);
+    return took;
+}
+
+/* 1 when keyscan_put_one took the body (and agreed with what key_put's
+ * cJSON path reads from it), else 0. */
+static int diff_check_one(const char *body, size_t len)
+{
+    uint64_t size = 7;
+    int tier = 9;
+    if (keyscan_put_one(len ? body : "", len, &size, &tier) != 0)
+        return 0;
+    n_fast_one++;
+    struct request req;
+    memset(&req, 0, sizeof(req));
+    req.body = len ? body : "";
+    req.body_len = len;
+    struct response res;
+    memset(&res, 0, sizeof(res));
+    cJSON *full = NULL;
+    int rc = json_parse_body(&req, &res, &full);
+    buf_free(&res.body);
+    cr_assert_eq(rc, 0, "fast path took a body json_parse_body refuses: %.*s", (int)len, body);
+    cr_assert(cJSON_IsObject(full));
+    int nsz = 0, nt = 0, other = 0;
+    for (const cJSON *m = full->child; m; m = m->next) {
+        if (strcmp(m->string, "size_bytes") == 0)
+            nsz++;
+        else if (strcmp(m->string, "tier") == 0)
+            nt++;
+        else
+            other++;
+    }
+    cr_assert(nsz <= 1 && nt <= 1 && !other, "members: %.*s", (int)len, body);
+    uint64_t want = 0;
+    int src = json_uint(cJSON_GetObjectItemCaseSensitive(full, "size_bytes"), 1,
+                        (double)KVIDX_SIZE_MAX, &want);
+    cr_assert(src == 0 || src == 1, "fast path took a size cJSON refuses: %.*s", (int)len, body);
+    cr_assert_eq(src == 1 ? 0 : want, size, "size differs: %.*s", (int)len, body);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(full, "tier");
+    size_t tn = 0;
+    const char *ts = t ? json_str(t, &tn) : NULL;
+    int want_tier = !t                                      ? 0
+                    : ts && tn == 2 && !memcmp(ts, "l1", 2) ? 1
+                    : ts && tn == 2 && !memcmp(ts, "l2", 2) ? 2
+                                                            : -1;
+    cr_assert_eq(want_tier, tier, "tier differs: %.*s", (int)len, body);
+    cJSON_Delete(full);
+    return 1;
+}
+
+static const char *const sizes[] = {"2097152",
+                                    "1",
+                                    "1099511627776",
+                                    "1099511627777",
+                                    "0",
+                                    "-1",
+                                    "1.5",
+                                    "1e3",
+                                    "01",
+                                    "\"5\"",
+                                    "null",
+                                    "123456789012345",
+                                    "[]",
+                                    "10000000000000000"};
+
+/* A store body: {"tier", "entries": [KeyEntry...]}; with odd != 0,
+ * sometimes an unusual one. */
+static void gen_entries_body(struct buf *b, int odd)
+{
+    buf_reset(b);
+    ws(b);
+    buf_putc(b, '{');
+    ws(b);
+    if (pick(2) == 0) {
+        static const char *const pre[] = {"\"tier\":\"l1\",",     "\"tier\":\"l2\",",
+                                          "\"tier\":\"all\",",    "\"x\":[1],",
+                                          "\"entr\\u0069es\":1,", "\"entries\":[],"};
+        buf_puts(b, pre[pick(odd ? 6 : 2)]);
+        ws(b);
+    }
+    buf_puts(b, "\"entries\"");
+    ws(b);
+    buf_putc(b, ':');
+    ws(b);
+    buf_putc(b, '[');
+    size_t n = pick(9);
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            buf_putc(b, ',');
+        ws(b);
+        if (odd && pick(16) == 0) {
+            static const char *const odd_elems[] = {"1", "null", "[]", "{}", "\"x\""};
+            buf_puts(b, odd_elems[pick(5)]);
+            ws(b);
+            continue;
+        }
+        /* Members key and size_bytes in either order; now and then one
+         * missing, repeated or unknown. */
+        int order = (int)pick(2), with_size = odd ? (int)pick(4) != 0 : 1;
+        buf_putc(b, '{');
+        ws(b);
+        for (int m = 0; m < 2; m++) {
+            int is_key = (m == 0) == (order == 0);
+            if (!is_key && !with_size)
+                continue;
+            if (m && (is_key || with_size))
+                buf_putc(b, ',');
+            ws(b);
+            if (is_key) {
+                buf_puts(b, odd && pick(20) == 0 ? "\"k\\u0065y\"" : "\"key\"");
+                ws(b);
+                buf_putc(b, ':');
+                ws(b);
+                gen_key(b, odd && pick(3) == 0);
+            } else {
+                buf_puts(b, "\"size_bytes\"");
+                ws(b);
+                buf_putc(b, ':');
+                ws(b);
+                buf_puts(b, sizes[odd ? pick(14) : pick(3)]);
+            }
+            ws(b);
+        }
+        if (odd && pick(10) == 0)
+            buf_puts(b, pick(2) ? ",\"size_bytes\":5" : ",\"x\":1");
+        buf_putc(b, '}');
+        ws(b);
+    }
+    buf_putc(b, ']');
+    ws(b);
+    if (pick(3) == 0) {
+        static const char *const post[] = {",\"tier\":\"l2\"",     ",\"tier\":\"l1\"",
+                                           ",\"entries\":[]",      ",\"model_name\":\"m\"",
+                                           ",\"x\":{\"y\":[1,2]}", ","};
+        buf_puts(b, post[pick(odd ? 6 : 2)]);
+    }
+    ws(b);
+    buf_putc(b, '}');
+    if (odd && pick(8) == 0)
+        buf_puts(b, pick(2) ? " x" : "\n");
+}
+
+/* A single-key store body; with odd != 0, sometimes an unusual one. */
+static void gen_one_body(struct buf *b, int odd)
+{
+    static const char *const tiers[] = {"\"l1\"", "\"l2\"", "\"l3\"", "\"L1\"", "\"l\\u0031\"",
+                                        "1",      "null",   "\"\"",   "\"l1 \""};
+    buf_reset(b);
+    ws(b);
+    buf_putc(b, '{');
+    int first = 1;
+    size_t nm = odd ? pick(4) : pick(3);
+    int start = (int)pick(2);
+    for (size_t i = 0; i < nm; i++) {
+        if (!first)
+            buf_putc(b, ',');
+        first = 0;
+        ws(b);
+        int which = odd && pick(8) == 0 ? 2 : (start + (int)i) % 2;
+        if (which == 0) {
+            buf_puts(b, "\"size_bytes\"");
+            ws(b);
+            buf_putc(b, ':');
+            ws(b);
+            buf_puts(b, sizes[odd ? pick(14) : pick(3)]);
+        } else if (which == 1) {
+            buf_puts(b, "\"tier\"");
+            ws(b);
+            buf_putc(b, ':');
+            ws(b);
+            buf_puts(b, tiers[odd ? pick(9) : pick(2)]);
+        } else {
+            buf_puts(b, pick(2) ? "\"x\":1" : "\"ti\\u0065r\":\"l1\"");
+        }
+        ws(b);
+    }
+    buf_putc(b, '}');
+    ws(b);
+    if (odd && pick(8) == 0)
+        buf_puts(b, pick(2) ? " x" : ",");
+}
+
+Test(keyscan, common_store_bodies_take_the_fast_path)
+{
+    const char *bodies[] = {
+        "{\"tier\":\"l2\",\"entries\":[{\"key\":{\"model_name\":\"m\",\"kv_rank\":1,"
+        "\"chunk_hash_hex\":\"ab\"},\"size_bytes\":2097152}]}",
+        "{\"entries\":[{\"size_bytes\":1,\"key\":{\"model_name\":\"m\",\"kv_rank\":1,"
+        "\"chunk_hash_hex\":\"ab\"}},{\"key\":{\"model_name\":\"m\",\"kv_rank\":2,"
+        "\"chunk_hash_hex\":\"cd\",\"object_group_id\":3}}],\"tier\":\"l1\"}",
+        " { \"entries\" : [ ] } ",
+        "{\"entries\":[{\"key\":{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"},"
+        "\"size_bytes\":1099511627776}]}",
+    };
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++)
+        cr_assert_eq(diff_check_entries(bodies[i], strlen(bodies[i]), NULL), 1, "%s", bodies[i]);
+    const char *ones[] = {"{}", "{\"size_bytes\":5}", " {\"tier\":\"l1\", \"size_bytes\":5}\n",
+                          "{\"size_bytes\":1099511627776,\"tier\":\"l2\"}"};
+    for (size_t i = 0; i < sizeof(ones) / sizeof(ones[0]); i++)
+        cr_assert_eq(diff_check_one(ones[i], strlen(ones[i])), 1, "%s", ones[i]);
+}
+
+Test(keyscan, unusual_store_bodies_fall_back)
+{
+    const char *bodies[] = {
+        "{\"entries\":[{\"key\":{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"},"
+        "\"size_bytes\":0}]}",
+        "{\"entries\":[{\"key\":{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"},"
+        "\"size_bytes\":1099511627777}]}",
+        "{\"entries\":[{\"size_bytes\":5}]}",
+        "{\"entries\":[{\"key\":{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"},"
+        "\"key\":{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}}]}",
+        "{\"entries\":[{\"key\":{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"},"
+        "\"size_bytes\":5,\"size_bytes\":5}]}",
+        "{\"entries\":[{\"key\":{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"},"
+        "\"x\":1}]}",
+        "{\"entries\":[{\"key\":{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"a\"}}]}",
+        "{\"entries\":[1]}",
+        "{\"entries\":{}}",
+    };
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++)
+        cr_assert_eq(diff_check_entries(bodies[i], strlen(bodies[i]), NULL), 0, "%s", bodies[i]);
+    const char *ones[] = {"",
+                          "[]",
+                          "{\"size_bytes\":0}",
+                          "{\"size_bytes\":5,\"size_bytes\":5}",
+                          "{\"tier\":\"l3\"}",
+                          "{\"tier\":\"all\"}",
+                          "{\"x\":1}",
+                          "{\"size_bytes\":5} x",
+                          "{\"size_bytes\":5,}",
+                          "{\"size_bytes\":1.0}"};
+    for (size_t i = 0; i < sizeof(ones) / sizeof(ones[0]); i++)
+        cr_assert_eq(diff_check_one(ones[i], strlen(ones[i])), 0, "%s", ones[i]);
+}
+
+Test(keyscan, entries_depth_limit_below_four_falls_back)
+{
+    static struct app app;
+    app.cfg.max_keys_per_request = 100;
+    const char *body = "{\"entries\":[{\"key\":{\"model_name\":\"m\",\"kv_rank\":1,"
+                       "\"chunk_hash_hex\":\"ab\"},\"size_bytes\":5}]}";
+    app.cfg.max_json_depth = 3;
+    cr_assert_eq(diff_check_entries(body, strlen(body), &app), 0);
+    app.cfg.max_json_depth = 4;
+    cr_assert_eq(diff_check_entries(body, strlen(body), &app), 1);
+}
+
+static void entry_elem(struct buf *b, int i)
+{
+    buf_printf(b,
+               "%s{\"key\":{\"model_name\":\"m\",\"kv_rank\":%d,\"chunk_hash_hex\":\"ab\"},"
+               "\"size_bytes\":5}",
+               i ? "," : "", i);
+}
+
+static int diff_check_entries_app(const char *body, size_t len, struct app *app)
+{
+    return diff_check_entries(body, len, app);
+}
+
+/* The value count of a body with its entries cut out, around the limit. */
+Test(keyscan, value_count_matches_the_whole_body_for_entries)
+{
+    static struct app app;
+    app.cfg.max_json_depth = 32;
+    app.cfg.max_keys_per_request = 10;
+    size_t limit = JSON_VALUES_PER_KEY * 10 + 4096;
+    struct buf b;
+    buf_init(&b);
+    int took = 0, refused = 0;
+    for (size_t zeros = limit - 80; zeros < limit; zeros++) {
+        buf_reset(&b);
+        buf_puts(&b, "{\"entries\":[");
+        for (int i = 0; i < 10; i++)
+            entry_elem(&b, i);
+        buf_puts(&b, "],\"x\":[0");
+        for (size_t z = 1; z < zeros; z++)
+            buf_puts(&b, ",0");
+        buf_puts(&b, "]}");
+        if (diff_check_entries_app(b.data, b.len, &app)) {
+            took++;
+        } else {
+            refused++;
+            struct request req;
+            memset(&req, 0, sizeof(req));
+            req.body = b.data;
+            req.body_len = b.len;
+            req.app = &app;
+            struct response res;
+            memset(&res, 0, sizeof(res));
+            cJSON *j = NULL;
+            cr_assert_eq(json_parse_body(&req, &res, &j), KVIDX_EBODYSIZE);
+            buf_free(&res.body);
+        }
+    }
+    cr_assert(took > 0 && refused > 0, "the boundary was not crossed (%d/%d)", took, refused);
+    buf_free(&b);
+}
+
+Test(keyscan, generated_and_mutated_store_bodies_agree)
+{
+    static struct app app;
+    app.cfg.max_json_depth = 32;
+    app.cfg.max_keys_per_request = 6;
+    struct buf b, m;
+    buf_init(&b);
+    buf_init(&m);
+    n_fast_entries = n_fast_one = 0;
+    size_t tried_one = 0;
+    for (int round = 0; round < 40000; round++) {
+        struct app *a = round % 5 == 0 ? &app : NULL;
+        if (round % 4 == 3) {
+            gen_one_body(&b, round % 2);
+            cr_assert(!b.failed);
+            diff_check_one(b.data, b.len);
+            for (int k = 0; k < 3; k++) {
+                mutate(&m, &b);
+                diff_check_one(m.data, m.len);
+            }
+            tried_one++;
+            continue;
+        }
+        if (round % 8 == 2)
+            gen_ipc_body(&b, round % 2);
+        else
+            gen_entries_body(&b, round % 2);
+        cr_assert(!b.failed);
+        diff_check_entries(b.data, b.len, a);
+        if (round % 50 == 0)
+            for (size_t cut = 0; cut < b.len; cut++)
+                diff_check_entries(b.data, cut, a);
+        for (int k = 0; k < 3; k++) {
+            mutate(&m, &b);
+            cr_assert(!m.failed);
+            diff_check_entries(m.data, m.len, a);
+        }
+    }
+    cr_assert(n_fast_entries > 4000 && n_fast_one > 2000, "entries %zu, single %zu of %zu",
+              n_fast_entries, n_fast_one, tried_one);
+    cr_log_info("keyscan: %zu store bodies and %zu single-key bodies on the fast path",
+                n_fast_entries, n_fast_one);
+    buf_free(&b);
+    buf_free(&m);
+}
