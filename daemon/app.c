@@ -12,10 +12,16 @@
 #include "state/layouts.h"
 #include "state/persist/persist.h"
 #include "state/prefetches.h"
+#include "state/sources.h"
+#include "sources/fs.h"
 #include "api/api.h"
 #include "util/metrics.h"
 
+#include "util/log.h"
+
 #include "kvidx/err.h"
+
+#include <string.h>
 
 const struct route *const app_route_tables[] = {
     ops_routes,    layout_routes,   key_routes,  list_routes,
@@ -28,7 +34,53 @@ static void app_gauges(void *ctx, struct buf *out)
     const struct app *app = ctx;
     metrics_single(out, "kvidx_ready", "gauge",
                    "1 when /readyz answers 200 (restored, not draining).",
-                   app->ready && !app->draining ? 1 : 0);
+                   app->ready && !app->draining && sources_ready(app) ? 1 : 0);
+}
+
+/* The kinds of l2_source, by the prefix of a source's text: the one place
+ * that knows them. A kind without a create function is not built yet. */
+typedef int (*source_create_fn)(struct app *app, const char *spec, size_t len, struct source **out);
+static const struct {
+    const char *prefix;
+    source_create_fn create;
+} source_kinds[] = {
+    {"fs:", fs_source_create},
+    {"redis://", NULL},         /* sources/redis.c: a Redis/Valkey database */
+    {"redis+cluster://", NULL}, /* sources/redis.c: a Redis/Valkey Cluster */
+};
+
+/* Creates and starts the sources l2_source names, after the restore (a
+ * source's keys are never restored: they come from its first scan). A
+ * setting naming something unusable sets the exit status 2. */
+static int sources_open(struct app *app)
+{
+    const char *p = app->cfg.l2_source;
+    p += strspn(p, " \t");
+    if (!*p)
+        return 0;
+    int rc = sources_init(app);
+    while (rc == 0 && *p) {
+        size_t len = strcspn(p, " \t");
+        size_t k = 0, nk = sizeof(source_kinds) / sizeof(source_kinds[0]);
+        while (k < nk && strncmp(p, source_kinds[k].prefix, strlen(source_kinds[k].prefix)) != 0)
+            k++;
+        struct source *s = NULL;
+        if (k == nk || !source_kinds[k].create) {
+            log_error("l2_source: %s sources are not available in this build",
+                      k == nk ? "this kind of" : source_kinds[k].prefix);
+            rc = KVIDX_EINVAL;
+        } else if ((rc = source_kinds[k].create(app, p, len, &s)) == 0 &&
+                   (rc = sources_add(app, s)) != 0) {
+            s->ops->free(s);
+        }
+        p += len;
+        p += strspn(p, " \t");
+    }
+    if (rc == 0)
+        rc = sources_start(app);
+    if (rc == KVIDX_EINVAL)
+        app->exit_status = 2;
+    return rc;
 }
 
 int subsystems_init(struct app *app)
@@ -44,12 +96,16 @@ int subsystems_init(struct app *app)
     if (rc == 0)
         rc = persist_open(app);
     if (rc == 0)
+        rc = sources_open(app);
+    if (rc == 0)
         rc = prefetches_init(app);
     if (rc == 0)
         router_use_tables(app_route_tables);
     if (rc != 0) {
         /* Closes the journal's uv handles; the writer thread stays until
          * the process exits, which it does at once. */
+        sources_stop(app);
+        sources_free(app);
         persist_stop(app);
         keystore_free(app);
         metrics_unregister(app->metrics, app_gauges, app);
@@ -67,12 +123,14 @@ void subsystems_reload(struct app *app)
 void subsystems_stop(struct app *app)
 {
     prefetches_stop(app);
+    sources_stop(app);
     persist_stop(app);
 }
 
 void subsystems_free(struct app *app)
 {
     prefetches_free(app);
+    sources_free(app);
     persist_free(app);
     keystore_free(app);
     metrics_unregister(app->metrics, app_gauges, app);

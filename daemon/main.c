@@ -300,7 +300,7 @@ int main(int argc, char **argv)
         uv_run(&d->loop, UV_RUN_DEFAULT);
         uv_loop_close(&d->loop);
         metrics_free(d->app.metrics);
-        return 1;
+        return d->app.exit_status ? d->app.exit_status : 1;
     }
 
     struct server *srv = NULL;

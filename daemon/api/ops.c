@@ -22,6 +22,7 @@
 #include "kvidx/err.h"
 #include "util/metrics.h"
 #include "net/router.h"
+#include "state/sources.h"
 
 #include <stddef.h>
 
@@ -40,6 +41,10 @@ static int h_readyz(const struct request *req, struct response *res)
         return res_problem(res, KVIDX_ENOTREADY, "the daemon is starting", NULL, 0);
     if (app->draining)
         return res_problem(res, KVIDX_ENOTREADY, "the daemon is shutting down", NULL, 0);
+    if (!sources_ready(app))
+        return res_problem(res, KVIDX_ENOTREADY,
+                           "the first full scan of an L2 source (l2_source) is not in yet", NULL,
+                           0);
     buf_puts(&res->body, "{\"status\":\"ready\"}");
     res_json(res, 200);
     return 0;
@@ -69,7 +74,7 @@ static int h_stats(const struct request *req, struct response *res)
     jw_key(&w, "uptime_ms");
     jw_u64(&w, up);
     jw_key(&w, "ready");
-    jw_bool(&w, app->ready && !app->draining);
+    jw_bool(&w, app->ready && !app->draining && sources_ready(app));
     jw_key(&w, "connections");
     jw_obj_begin(&w);
     jw_key(&w, "open");
@@ -120,7 +125,13 @@ static int h_stats(const struct request *req, struct response *res)
         jw_u64(&w, st.evictions);
         jw_key(&w, "namespaces");
         jw_u64(&w, st.namespaces);
+        jw_key(&w, "l2_source_keys");
+        jw_u64(&w, st.l2_source_keys);
+        jw_key(&w, "l2_source_bytes");
+        jw_u64(&w, st.l2_source_bytes);
     }
+    jw_key(&w, "sources");
+    sources_stats(app, &w);
     jw_obj_end(&w);
     res_json(res, 200);
     return 0;

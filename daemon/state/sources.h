@@ -20,7 +20,8 @@
  * keys seen to go meanwhile), then source_resync_end, which removes in one
  * step every key of the source that was neither put since begin nor is
  * being added by a change that arrived meanwhile: no key that is still in
- * the store vanishes for a moment, and none is listed twice.
+ * the store vanishes for a moment, and none is listed twice. A scan that
+ * cannot finish ends with source_resync_abort instead: nothing is removed.
  */
 #ifndef KVIDXD_SOURCES_H
 #define KVIDXD_SOURCES_H
@@ -50,7 +51,10 @@ enum source_state {
 struct source_ops {
     const char *kind; /* "fs", "redis", "redis+cluster" */
     /* Starts the first scan (off the loop or asynchronously); 0 or KVIDX_E*
-     * (then the daemon does not start and the reason is logged). */
+     * (then the daemon does not start and the reason is logged).
+     * KVIDX_EINVAL means the setting names a store that cannot be used at
+     * all (a directory that does not exist, a malformed URL): the daemon
+     * then exits 2, as for any invalid configuration. */
     int (*start)(struct source *s);
     /* Shutdown: closes every uv handle and thread it owns (before the last
      * uv_run). Idempotent. */
@@ -60,7 +64,10 @@ struct source_ops {
     /* Kind-specific figures for /v1/stats, written as members of the
      * source's object (the common ones are written by the key store). */
     void (*stats)(const struct source *s, struct jw *w);
-    /* Kind-specific families for /metrics, labelled with source="<name>". */
+    /* Kind-specific families for /metrics, each with its # HELP and # TYPE
+     * lines, labelled with source_metric_labels(). Optional. When several
+     * sources of one kind write the same family, the registry merges them
+     * so that each family appears once. */
     void (*metrics)(const struct source *s, struct buf *out);
 };
 
@@ -96,8 +103,12 @@ void sources_free(struct app *app);
  * up to max pointers into out; the number written. */
 size_t sources_holding(const struct app *app, const kvidx_key_t *key, const struct source **out,
                        size_t max);
-/* Every source's common and kind-specific figures as a JSON array. */
+/* Every source's common and kind-specific figures as a JSON array ([]
+ * without sources). */
 void sources_stats(const struct app *app, struct jw *w);
+/* Writes source="<name>" (escaped for the Prometheus text format), the
+ * label every per-source sample carries. */
+void source_metric_labels(struct buf *out, const struct source *s);
 
 /* ---- the sink: what a source reports ---- */
 
@@ -108,6 +119,9 @@ int source_del(struct source *s, const kvidx_key_t *keys, size_t n);
 /* A full resynchronisation; see the rules above. */
 int source_resync_begin(struct source *s);
 int source_resync_end(struct source *s);
+/* Drops a resynchronisation that could not finish: every key stays as it
+ * was (state and error are the source's to set). */
+void source_resync_abort(struct source *s);
 /* Sets the state (and the error text, NULL to keep it) as the source sees
  * itself; logs a change of state once. */
 void source_set_state(struct source *s, enum source_state st, const char *error);

@@ -147,6 +147,14 @@ static const struct setting settings[] = {
     UINT(l2_source_reconnect_max_ms, "5000", 100, 600000, 0,
          "longest wait between two reconnect attempts to an outside store (exponential backoff "
          "with jitter)"),
+    STR(l2_source, "", 0,
+        "outside L2 stores to index, space-separated: fs:/dir (an LMCache FS L2 directory), "
+        "redis://..., redis+cluster://...; empty: none"),
+    STR(l2_source_test_overflow_file, "", 0,
+        "tests only: a file of this name appearing in an fs: source directory acts as an "
+        "inotify queue overflow (a full rescan); empty: off"),
+    UINT(l2_source_test_scan_delay_ms, "0", 0, 60000, 0,
+         "tests only: an fs: source's scan pauses this long before each batch of names"),
 };
 
 #define N_SETTINGS (sizeof(settings) / sizeof(settings[0]))
@@ -380,11 +388,50 @@ void config_defaults(struct config *c)
         set_one(c, &settings[i], settings[i].def, NULL, 0);
 }
 
+/* l2_source: at most 16 space-separated sources, each of a known kind
+ * and at most 511 bytes; an fs: source names an absolute directory. The
+ * kinds check the rest of their syntax when they are created. A source's
+ * text may hold a password, so an error names its kind only. */
+static int check_l2_source(const char *v, char *err, size_t errlen)
+{
+    static const char *const kinds[] = {"fs:", "redis://", "redis+cluster://", NULL};
+    int n = 0;
+    for (const char *p = v;;) {
+        p += strspn(p, " \t");
+        if (!*p)
+            break;
+        size_t len = strcspn(p, " \t");
+        n++;
+        if (len >= 512)
+            return fail(err, errlen, "l2_source: source %d is longer than 511 bytes", n);
+        size_t k = 0;
+        while (kinds[k] && strncmp(p, kinds[k], strlen(kinds[k])) != 0)
+            k++;
+        if (!kinds[k])
+            return fail(err, errlen,
+                        "l2_source: source %d is of no known kind (fs:/dir, redis://..., "
+                        "redis+cluster://...)",
+                        n);
+        if (k == 0 && (len < 4 || p[3] != '/'))
+            return fail(err, errlen, "l2_source: source %d: fs: needs an absolute directory", n);
+        if (n > 16)
+            return fail(err, errlen, "l2_source: more than 16 sources");
+        p += len;
+    }
+    return 0;
+}
+
 int config_check(const struct config *c, char *err, size_t errlen)
 {
     if (c->default_lease_ms > c->max_lease_ms)
         return fail(err, errlen, "default_lease_ms (%llu) is larger than max_lease_ms (%llu)",
                     (unsigned long long)c->default_lease_ms, (unsigned long long)c->max_lease_ms);
+    if (check_l2_source(c->l2_source, err, errlen) != 0)
+        return KVIDX_EINVAL;
+    if (strchr(c->l2_source_test_overflow_file, '/'))
+        return fail(err, errlen,
+                    "l2_source_test_overflow_file: a file name in the source directory, not a "
+                    "path");
     return 0;
 }
 
@@ -522,6 +569,43 @@ const char *config_default(const char *name)
     return st ? st->def : NULL;
 }
 
+/* Copies the text of l2_source with the password of every URL that has
+ * one (scheme://user:password@host or scheme://password@host) written as
+ * ***, so that logs and diffs never show it. */
+static void format_redacted(const char *v, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (const char *p = v; *p && o + 1 < cap;) {
+        const char *tok_end = p + strcspn(p, " \t");
+        const char *scheme = strstr(p, "://");
+        const char *auth = scheme && scheme < tok_end ? scheme + 3 : NULL;
+        const char *at = NULL, *colon = NULL;
+        if (auth) {
+            const char *auth_end = auth + strcspn(auth, "/?# \t");
+            for (const char *q = auth; q < auth_end; q++)
+                if (*q == '@')
+                    at = q;
+            for (const char *q = auth; at && q < at && !colon; q++)
+                if (*q == ':')
+                    colon = q;
+        }
+        const char *hide_from = at ? (colon ? colon + 1 : auth) : NULL;
+        for (; p < tok_end && o + 1 < cap; p++) {
+            if (hide_from && p == hide_from) {
+                for (const char *r = "***"; *r && o + 1 < cap; r++)
+                    out[o++] = *r;
+                p = at - 1;
+                continue;
+            }
+            out[o++] = *p;
+        }
+        for (; *p && (*p == ' ' || *p == '\t') && o + 1 < cap; p++)
+            out[o++] = *p;
+    }
+    if (cap)
+        out[o < cap ? o : cap - 1] = '\0';
+}
+
 static void format_one(const struct config *c, const struct setting *st, char *out, size_t cap)
 {
     const char *field = (const char *)c + st->offset;
@@ -548,7 +632,10 @@ static void format_one(const struct config *c, const struct setting *st, char *o
         return;
     case T_STRING:
     case T_HOSTPORT:
-        snprintf(out, cap, "%.*s", (int)st->size, field);
+        if (strcmp(st->name, "l2_source") == 0)
+            format_redacted(field, out, cap);
+        else
+            snprintf(out, cap, "%.*s", (int)st->size, field);
         return;
     }
 }
@@ -566,7 +653,7 @@ void config_diff(const struct config *a, const struct config *b,
                  void (*fn)(void *ctx, const char *name, const char *from, const char *to),
                  void *ctx)
 {
-    char from[1100], to[1100];
+    char from[2100], to[2100];
     for (size_t i = 0; i < N_SETTINGS; i++) {
         format_one(a, &settings[i], from, sizeof(from));
         format_one(b, &settings[i], to, sizeof(to));

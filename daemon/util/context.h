@@ -33,6 +33,9 @@ struct app {
     int ready;               /* restored and listening: /readyz 200 */
     int draining;            /* shutting down: /readyz 503 */
     uint64_t started_ms;
+    /* Set by a subsystem whose start failed: 2 for a setting naming
+     * something unusable (main's exit status), else 0. */
+    int exit_status;
 };
 
 /* Monotonic and wall clocks in ms (tests use the loop's clock). */

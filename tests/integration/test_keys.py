@@ -449,7 +449,7 @@ class LimitTest(Base):
             self.assertEqual(self.get(k).status, 200)
         r = self.delete(ks[:5])
         self.assertEqual(r.status, 200, r)
-        self.assertEqual(r.json(), {"deleted": 5, "not_found": 0, "skipped_pinned": 0})
+        self.assertEqual(r.json(), {"deleted": 5, "not_found": 0, "skipped_pinned": 0, "skipped_source": 0})
 
 
 class GetKeyTest(Base):
@@ -460,7 +460,8 @@ class GetKeyTest(Base):
         self.assertEqual(r.status, 200, r)
         self.assertTrue(r.headers.get("content-type", "").startswith("application/json"), r)
         j = r.json()
-        self.assertEqual(set(j), {"key", "size_bytes", "l1", "l2"})
+        self.assertEqual(set(j), {"key", "size_bytes", "l1", "l2", "l2_sources"})
+        self.assertEqual(j["l2_sources"], [])
         self.assertEqual(j["key"], full(k))
         self.assertEqual(set(j["key"]), {"model_name", "kv_rank", "object_group_id",
                                          "chunk_hash_hex", "cache_salt"})
@@ -642,7 +643,7 @@ class DeleteBatchTest(Base):
         absent = key("del-counts", 0, "ff")
         r = self.delete([ks[0], ks[2], absent])
         self.assertEqual(r.status, 200, r)
-        self.assertEqual(r.json(), {"deleted": 2, "not_found": 1, "skipped_pinned": 0})
+        self.assertEqual(r.json(), {"deleted": 2, "not_found": 1, "skipped_pinned": 0, "skipped_source": 0})
         self.assert_absent(ks[0])
         self.assert_absent(ks[2])
         self.assertEqual(self.get(ks[1]).status, 200)
@@ -657,11 +658,11 @@ class DeleteBatchTest(Base):
         a2 = dict(a, chunk_hash_hex="01", object_group_id=0, cache_salt="")
         r = self.delete([a, absent, a2, absent, b])
         self.assertEqual(r.status, 200, r)
-        self.assertEqual(r.json(), {"deleted": 2, "not_found": 1, "skipped_pinned": 0})
+        self.assertEqual(r.json(), {"deleted": 2, "not_found": 1, "skipped_pinned": 0, "skipped_source": 0})
         self.assert_absent(a)
         self.assert_absent(b)
         r = self.delete([a, a])
-        self.assertEqual(r.json(), {"deleted": 0, "not_found": 1, "skipped_pinned": 0})
+        self.assertEqual(r.json(), {"deleted": 0, "not_found": 1, "skipped_pinned": 0, "skipped_source": 0})
 
     def test_tier_l1_only(self):
         both = key("del-l1", 0, "01")
@@ -672,7 +673,7 @@ class DeleteBatchTest(Base):
                     tier="l1")
         r = self.delete([both, only_l1, only_l2], tier="l1")
         self.assertEqual(r.status, 200, r)
-        self.assertEqual(r.json(), {"deleted": 2, "not_found": 1, "skipped_pinned": 0})
+        self.assertEqual(r.json(), {"deleted": 2, "not_found": 1, "skipped_pinned": 0, "skipped_source": 0})
         j = self.info(both)
         self.assertIsNone(j["l1"])
         self.assertIs(j["l2"], True)
@@ -685,7 +686,7 @@ class DeleteBatchTest(Base):
         self.put_ok([{"key": both, "size_bytes": 1}])
         self.put_ok([{"key": both, "size_bytes": 1}], tier="l1")
         r = self.delete([both], tier="l2")
-        self.assertEqual(r.json(), {"deleted": 1, "not_found": 0, "skipped_pinned": 0})
+        self.assertEqual(r.json(), {"deleted": 1, "not_found": 0, "skipped_pinned": 0, "skipped_source": 0})
         j = self.info(both)
         self.assertIsNotNone(j["l1"])
         self.assertIs(j["l2"], False)
@@ -695,21 +696,21 @@ class DeleteBatchTest(Base):
         self.put_ok([{"key": k, "size_bytes": 1} for k in ks])
         self.put_ok([{"key": k, "size_bytes": 1} for k in ks[:2]], tier="l1")
         r = self.delete(ks, tier="all")
-        self.assertEqual(r.json(), {"deleted": 4, "not_found": 0, "skipped_pinned": 0})
+        self.assertEqual(r.json(), {"deleted": 4, "not_found": 0, "skipped_pinned": 0, "skipped_source": 0})
         for k in ks:
             self.assert_absent(k)
         r = self.delete(ks, tier="all")
         self.assertEqual(r.status, 200, r)
-        self.assertEqual(r.json(), {"deleted": 0, "not_found": 4, "skipped_pinned": 0})
+        self.assertEqual(r.json(), {"deleted": 0, "not_found": 4, "skipped_pinned": 0, "skipped_source": 0})
         r = self.delete(ks)     # default tier all
-        self.assertEqual(r.json(), {"deleted": 0, "not_found": 4, "skipped_pinned": 0})
+        self.assertEqual(r.json(), {"deleted": 0, "not_found": 4, "skipped_pinned": 0, "skipped_source": 0})
 
     def test_default_tier_is_all(self):
         k = key("del-default", 0, "01")
         self.put_ok([{"key": k, "size_bytes": 1}])
         self.put_ok([{"key": k, "size_bytes": 1}], tier="l1")
         r = self.delete([k])
-        self.assertEqual(r.json(), {"deleted": 1, "not_found": 0, "skipped_pinned": 0})
+        self.assertEqual(r.json(), {"deleted": 1, "not_found": 0, "skipped_pinned": 0, "skipped_source": 0})
         self.assert_absent(k)
 
     def test_bad_key_deletes_nothing(self):
@@ -829,15 +830,15 @@ class PinnedTest(Base):
         hid = self.pin([p])
         self.assertEqual(self.info(p)["l1"]["pins"], 1)
         r = self.delete([p, q], tier="l1")
-        self.assertEqual(r.json(), {"deleted": 1, "not_found": 0, "skipped_pinned": 1})
+        self.assertEqual(r.json(), {"deleted": 1, "not_found": 0, "skipped_pinned": 1, "skipped_source": 0})
         r = self.delete([p])
         self.assertEqual(r.json()["skipped_pinned"], 1, r)
         j = self.info(p)
         self.assertEqual(j["l1"]["pins"], 1)
         r = self.delete([p, p])
-        self.assertEqual(r.json(), {"deleted": 0, "not_found": 0, "skipped_pinned": 1}, r)
+        self.assertEqual(r.json(), {"deleted": 0, "not_found": 0, "skipped_pinned": 1, "skipped_source": 0}, r)
         r = self.delete([p], force=True)
-        self.assertEqual(r.json(), {"deleted": 1, "not_found": 0, "skipped_pinned": 0})
+        self.assertEqual(r.json(), {"deleted": 1, "not_found": 0, "skipped_pinned": 0, "skipped_source": 0})
         self.assert_absent(p)
         self.d.request("DELETE", "/v1/prefetches/%s" % hid)
 

@@ -65,6 +65,9 @@ ParameterizedTestParameters(config, defaults)
         {"l2_source_rescan_s", "30"},
         {"l2_source_configure", "no"},
         {"l2_source_reconnect_max_ms", "5000"},
+        {"l2_source", ""},
+        {"l2_source_test_overflow_file", ""},
+        {"l2_source_test_scan_delay_ms", "0"},
     };
     return cr_make_param_array(struct def_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -104,7 +107,7 @@ Test(config, default_fields)
 Test(config, every_row_consistent)
 {
     size_t n = n_settings();
-    cr_assert_eq(n, 29, "one row per field of struct config");
+    cr_assert_eq(n, 32, "one row per field of struct config");
     struct config c;
     config_defaults(&c);
     for (size_t i = 0; i < n; i++) {
@@ -298,6 +301,45 @@ Test(config, check_lease_order)
     cr_assert_eq(config_check(&c, err, sizeof(err)), 0);
 }
 
+Test(config, l2_source_checked_and_passwords_never_shown)
+{
+    struct config c;
+    char err[256] = "";
+    static const char *const bad[] = {
+        "ftp://x", "fs:relative/dir", "fs:", "fs:/a nfs:/b", "redis:/host:6379", "FS:/srv/l2",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        config_defaults(&c);
+        cr_assert_eq(config_set(&c, "l2_source", bad[i], err, sizeof(err)), 0);
+        cr_assert_eq(config_check(&c, err, sizeof(err)), KVIDX_EINVAL, "%s", bad[i]);
+        cr_assert(strstr(err, "l2_source"), "%s", err);
+    }
+    config_defaults(&c);
+    cr_assert_eq(
+        config_set(&c, "l2_source", "redis://u:hunter2@h:1 ftp://hunter2", err, sizeof(err)), 0);
+    cr_assert_eq(config_check(&c, err, sizeof(err)), KVIDX_EINVAL);
+    cr_assert_null(strstr(err, "hunter2"), "%s", err);
+    char many[1024] = "";
+    for (int i = 0; i < 17; i++)
+        snprintf(many + strlen(many), sizeof(many) - strlen(many), "fs:/d%d ", i);
+    config_defaults(&c);
+    cr_assert_eq(config_set(&c, "l2_source", many, err, sizeof(err)), 0);
+    cr_assert_eq(config_check(&c, err, sizeof(err)), KVIDX_EINVAL, "17 sources");
+    config_defaults(&c);
+    cr_assert_eq(config_set(&c, "l2_source",
+                            "  fs:/srv/l2 redis://user:hunter2@10.0.0.1:6379/0?prefix=p "
+                            "redis://hunter3@h:1 redis+cluster://a:1,b:2",
+                            err, sizeof(err)),
+                 0);
+    cr_assert_eq(config_check(&c, err, sizeof(err)), 0, "%s", err);
+    char out[512];
+    cr_assert_eq(config_format(&c, "l2_source", out, sizeof(out)), 0);
+    cr_assert_str_eq(out, "  fs:/srv/l2 redis://user:***@10.0.0.1:6379/0?prefix=p "
+                          "redis://***@h:1 redis+cluster://a:1,b:2");
+    cr_assert_eq(config_set(&c, "l2_source_test_overflow_file", "a/b", err, sizeof(err)), 0);
+    cr_assert_eq(config_check(&c, err, sizeof(err)), KVIDX_EINVAL);
+}
+
 /* ---- reloadable ---- */
 
 Test(config, reloadable_flags)
@@ -311,7 +353,10 @@ Test(config, reloadable_flags)
                                         "prefetch_retention",
                                         "l2_source_rescan_s",
                                         "l2_source_configure",
-                                        "l2_source_reconnect_max_ms"};
+                                        "l2_source_reconnect_max_ms",
+                                        "l2_source",
+                                        "l2_source_test_overflow_file",
+                                        "l2_source_test_scan_delay_ms"};
     static const char *const reloadable[] = {"log_level",
                                              "log_format",
                                              "max_body_bytes",
