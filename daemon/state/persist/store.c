@@ -6,7 +6,8 @@
  * goes through here.
  *
  * Invariant: a durable state is "size, a ready non-temporary L1 copy
- * yes/no, an L2 copy yes/no" (KVIDX_DURABLE_*, the journal's tier bits);
+ * yes/no, an L2 copy stored through the API yes/no" (KVIDX_DURABLE_*, the
+ * journal's tier bits; a source's L2 copies are never durable);
  * loading and temporary L1 copies are never reported as durable, so a
  * state read out and applied back gives the same durable state.
  */
@@ -23,10 +24,12 @@ _Static_assert(KVIDX_STATE_L1 == KVIDX_DURABLE_L1 && KVIDX_STATE_L2 == KVIDX_DUR
 
 #define WALK_BATCH 4096
 
-/* The durable state an entry's info describes: 0, or 1 when it has none. */
+/* The durable state an entry's info describes: 0, or 1 when it has none.
+ * Only an L2 copy stored through the API is durable; one held by a source
+ * (l2_source) is not: a restart finds it again by scanning the store. */
 static int durable_of(const kvidx_entry_info_t *info, kvidx_durable_t *st)
 {
-    st->tiers = info->l2 ? KVIDX_DURABLE_L2 : 0;
+    st->tiers = info->l2_api ? KVIDX_DURABLE_L2 : 0;
     if (info->l1_state == KVIDX_L1_READY && !info->temporary)
         st->tiers |= KVIDX_DURABLE_L1;
     st->size_bytes = info->size_bytes;
