@@ -11,7 +11,7 @@
 
 #include "directory_text.h"
 
-#define STEPS 120000
+#define STEPS 100000
 #define MAXK  128
 #define MAXP  32
 #define MAXB  128
