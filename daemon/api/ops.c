@@ -100,6 +100,8 @@ static int h_stats(const struct request *req, struct response *res)
         jw_u64(&w, st.l1_keys);
         jw_key(&w, "l2");
         jw_u64(&w, st.l2_keys);
+        jw_key(&w, "l2_source");
+        jw_u64(&w, st.l2_source_keys);
         jw_obj_end(&w);
         jw_key(&w, "bytes");
         jw_obj_begin(&w);
@@ -107,6 +109,8 @@ static int h_stats(const struct request *req, struct response *res)
         jw_u64(&w, st.l1_bytes);
         jw_key(&w, "l2");
         jw_u64(&w, st.l2_bytes);
+        jw_key(&w, "l2_source");
+        jw_u64(&w, st.l2_source_bytes);
         jw_obj_end(&w);
         jw_key(&w, "capacity_bytes");
         jw_obj_begin(&w);
@@ -125,10 +129,6 @@ static int h_stats(const struct request *req, struct response *res)
         jw_u64(&w, st.evictions);
         jw_key(&w, "namespaces");
         jw_u64(&w, st.namespaces);
-        jw_key(&w, "l2_source_keys");
-        jw_u64(&w, st.l2_source_keys);
-        jw_key(&w, "l2_source_bytes");
-        jw_u64(&w, st.l2_source_bytes);
     }
     jw_key(&w, "sources");
     sources_stats(app, &w);
