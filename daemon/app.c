@@ -14,6 +14,7 @@
 #include "state/prefetches.h"
 #include "state/sources.h"
 #include "sources/fs.h"
+#include "sources/redis.h"
 #include "api/api.h"
 #include "util/metrics.h"
 
@@ -40,13 +41,54 @@ static void app_gauges(void *ctx, struct buf *out)
 /* The kinds of l2_source, by the prefix of a source's text: the one place
  * that knows them. A kind without a create function is not built yet. */
 typedef int (*source_create_fn)(struct app *app, const char *spec, size_t len, struct source **out);
+typedef int (*url_source_create_fn)(struct app *app, const char *spec, struct source **out,
+                                    char *err, size_t errlen);
+
+/* The Redis kinds parse a NUL-terminated URL and say why one is refused:
+ * the text is copied out of the setting, the reason logged (it never holds
+ * the password), and the copy, which may hold it, wiped. */
+static int url_source_create(url_source_create_fn create, struct app *app, const char *spec,
+                             size_t len, struct source **out)
+{
+    char url[SOURCE_NAME_MAX], err[256] = "";
+    *out = NULL;
+    if (len >= sizeof(url)) {
+        log_error("l2_source: a source is longer than %zu bytes", sizeof(url) - 1);
+        return KVIDX_EINVAL;
+    }
+    memcpy(url, spec, len);
+    url[len] = '\0';
+    int rc = create(app, url, out, err, sizeof(err));
+    volatile char *v = url;
+    for (size_t i = 0; i < sizeof(url); i++)
+        v[i] = 0;
+    if (rc != 0) {
+        *out = NULL;
+        if (err[0])
+            log_error("%s", err);
+        else
+            log_error("l2_source: a Redis source cannot be created: %s", kvidx_err_name(rc));
+    }
+    return rc;
+}
+
+static int redis_create(struct app *app, const char *spec, size_t len, struct source **out)
+{
+    return url_source_create(redis_source_create, app, spec, len, out);
+}
+
+static int redis_cluster_create(struct app *app, const char *spec, size_t len, struct source **out)
+{
+    return url_source_create(redis_cluster_source_create, app, spec, len, out);
+}
+
 static const struct {
     const char *prefix;
     source_create_fn create;
 } source_kinds[] = {
     {"fs:", fs_source_create},
-    {"redis://", NULL},         /* sources/redis.c: a Redis/Valkey database */
-    {"redis+cluster://", NULL}, /* sources/redis.c: a Redis/Valkey Cluster */
+    {"redis://", redis_create},                 /* sources/redis.c: one database */
+    {"redis+cluster://", redis_cluster_create}, /* sources/redis_cluster.c: a cluster */
 };
 
 /* Creates and starts the sources l2_source names, after the restore (a

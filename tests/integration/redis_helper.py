@@ -26,22 +26,11 @@ import time
 import urllib.parse
 
 __all__ = ["RedisServer", "Client", "RedisError", "keyspace", "kvidx_keys", "wait_until",
-           "lmc_key", "canonical", "free_port", "have_redis", "daemon_has_sources"]
+           "lmc_key", "canonical", "free_port", "have_redis"]
 
 
 def have_redis():
     return shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
-
-
-def daemon_has_sources():
-    """True when the kvidxd under test knows the l2_source setting."""
-    from harness import kvidxd_path
-    try:
-        p = subprocess.run([kvidxd_path(), "--check-config", "--set", "l2_source="],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=10)
-    except (OSError, RuntimeError, subprocess.TimeoutExpired):
-        return False
-    return b"unknown setting" not in p.stdout.lower()
 
 
 def free_port():

@@ -13,8 +13,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from harness import Daemon  # noqa: E402
-from redis_helper import (Client, RedisError, RedisServer, daemon_has_sources,  # noqa: E402
-                          have_redis, keyspace, kvidx_keys, lmc_key, wait_until)
+from redis_helper import (Client, RedisError, RedisServer, have_redis,  # noqa: E402
+                          keyspace, kvidx_keys, lmc_key, wait_until)
 
 DEADLINE = 30.0
 
@@ -86,7 +86,6 @@ class ClusterClient:
 
 
 @unittest.skipUnless(have_redis(), "redis-server/redis-cli not installed (scripts/deps.sh test)")
-@unittest.skipUnless(daemon_has_sources(), "this kvidxd has no l2_source setting yet")
 class RedisClusterTest(unittest.TestCase):
     def setUp(self):
         args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000",

@@ -15,7 +15,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(__file__))
 from harness import Daemon  # noqa: E402
 from redis_helper import (RedisServer, have_redis, keyspace, kvidx_keys, lmc_key,  # noqa: E402
-                          wait_until, daemon_has_sources)
+                          wait_until)
 
 DEADLINE = 15.0
 
@@ -43,7 +43,6 @@ def source_stats(d):
 
 
 @unittest.skipUnless(have_redis(), "redis-server/redis-cli not installed (scripts/deps.sh test)")
-@unittest.skipUnless(daemon_has_sources(), "this kvidxd has no l2_source setting yet")
 class RedisSourceTest(unittest.TestCase):
     prefix = "lmc"
     extra = {}
@@ -212,7 +211,6 @@ class RedisSourceTest(unittest.TestCase):
 
 
 @unittest.skipUnless(have_redis(), "redis-server/redis-cli not installed (scripts/deps.sh test)")
-@unittest.skipUnless(daemon_has_sources(), "this kvidxd has no l2_source setting yet")
 class RedisSourceNoPrefixTest(RedisSourceTest):
     prefix = None
 
@@ -227,7 +225,6 @@ class RedisSourceNoPrefixTest(RedisSourceTest):
 
 
 @unittest.skipUnless(have_redis(), "redis-server/redis-cli not installed (scripts/deps.sh test)")
-@unittest.skipUnless(daemon_has_sources(), "this kvidxd has no l2_source setting yet")
 class RedisSourceAuthTest(unittest.TestCase):
     def test_password_never_shown(self):
         r = RedisServer(args=("--requirepass", "pa55-w0rd", "--notify-keyspace-events", "AKE",
