@@ -8,16 +8,17 @@
  * answered (persist_refuse first, persist_ack last).
  */
 #include "api/api.h"
+#include "api/key_request.h"
 #include "state/keystore.h"
 
 #include "util/context.h"
 #include "api/body.h"
 #include "util/json_read.h"
+#include "util/keyscan.h"
 #include "state/layouts.h"
 #include "util/log.h"
 #include "util/metrics.h"
 #include "state/persist/persist.h"
-#include "state/sources.h"
 
 #include "kvidx/err.h"
 #include "kvidx/list_query.h"
@@ -156,19 +157,149 @@ static int answer_put_error(struct response *res, int rc, size_t conflict, size_
     }
 }
 
-/* PUT /v1/keys {"tier", "entries": [KeyEntry...]} */
+/* Stores n items into tier and answers {"stored": distinct keys}, or the
+ * problem. */
+static void store_items(const struct request *req, struct response *res, kvidx_tier_t tier,
+                        const kvidx_put_t *items, size_t n)
+{
+    size_t conflict = 0, stored = 0;
+    int rc = kvidx_index_put_batch_count(ks_of(req)->idx, tier, items, n, &conflict, &stored);
+    if (rc != 0) {
+        answer_put_error(res, rc, conflict, n);
+        return;
+    }
+    buf_printf(&res->body, "{\"stored\":%zu}", stored);
+    res_json(res, 200);
+}
+
+/* A member that only the ipc form of a store has. */
+static int has_ipc_member(const cJSON *body)
+{
+    static const char *const names[] = {
+        "model_name",   "world_size",       "worker_id", "cache_salt",
+        "chunk_hashes", "object_group_ids", "sizes",     NULL};
+    if (!cJSON_IsObject(body) || cJSON_GetObjectItemCaseSensitive(body, "entries"))
+        return 0;
+    for (size_t i = 0; names[i]; i++)
+        if (cJSON_GetObjectItemCaseSensitive(body, names[i]))
+            return 1;
+    return 0;
+}
+
+/* The size of every key of an ipc-form store: size_bytes (one for all),
+ * sizes (one per chunk), or the layout of the model for its world size.
+ * 0, or the problem is answered and its code returned. */
+static int ipc_sizes(const struct request *req, struct response *res, const struct key_request *kr,
+                     kvidx_put_t *items)
+{
+    struct param_errors pe;
+    param_errors_init(&pe);
+    size_t C = kr->shape.num_chunks, R = kr->shape.num_ranks, n = kr->n;
+    uint64_t one = 0;
+    uint64_t *per = NULL;
+    int rc = 0;
+    if (kr->size && kr->sizes) {
+        param_errors_add(&pe, "give size_bytes or sizes, not both", "sizes");
+    } else if (kr->size) {
+        if (json_uint(kr->size, 1, (double)KVIDX_SIZE_MAX, &one) != 0)
+            param_errors_add(&pe, "must be an integer 1..2^40", "size_bytes");
+    } else if (kr->sizes) {
+        if (!cJSON_IsArray(kr->sizes) || (size_t)cJSON_GetArraySize(kr->sizes) != C) {
+            param_errors_add(&pe, "must be an array with one size per chunk hash", "sizes");
+        } else if (!(per = malloc((C ? C : 1) * sizeof(*per)))) {
+            param_errors_free(&pe);
+            return res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
+        } else {
+            size_t c = 0;
+            for (const cJSON *v = kr->sizes->child; v; v = v->next, c++)
+                if (json_uint(v, 1, (double)KVIDX_SIZE_MAX, &per[c]) != 0)
+                    param_errors_add(&pe, "must be an integer 1..2^40", "sizes[%zu]", c);
+        }
+    } else if (n && layout_size_for(req, &kr->keys[0], &one) != 0) {
+        param_errors_add(&pe, "no size_bytes and no layout registered for its model", "size_bytes");
+        rc = param_errors_respond(&pe, res, KVIDX_ECONFLICT,
+                                  "register a layout (PUT /v1/layouts) or give size_bytes");
+        goto out;
+    }
+    if (pe.n) {
+        rc = param_errors_respond(&pe, res, KVIDX_EINVAL, "invalid request; nothing was stored");
+        goto out;
+    }
+    /* Group-major, then chunk, then rank: key i is chunk (i / R) % C. */
+    for (size_t i = 0; i < n; i++) {
+        items[i].key = kr->keys[i];
+        items[i].size_bytes = per ? per[i / R % C] : one;
+    }
+out:
+    free(per);
+    param_errors_free(&pe);
+    return rc;
+}
+
+/* PUT /v1/keys in the ipc form: {"tier", "model_name", "world_size",
+ * "worker_id", "cache_salt", "chunk_hashes", "object_group_ids",
+ * "size_bytes" | "sizes"}, expanded as a lookup's ipc form is. */
+static int keys_put_ipc(const struct request *req, struct response *res)
+{
+    struct key_request kr;
+    if (key_request_parse(req, res, BODY_STORE, &kr) != 0)
+        return persist_ack(req, res);
+    kvidx_tier_t tier = KVIDX_TIER_L2;
+    kvidx_put_t *items = NULL;
+    if (parse_tier(kr.tier, KVIDX_TIER_L2, 0, &tier) != 0) {
+        struct invalid_param p = {"tier", "must be \"l1\" or \"l2\""};
+        res_problem(res, KVIDX_EINVAL, "invalid request; nothing was stored", &p, 1);
+        goto out;
+    }
+    items = malloc((kr.n ? kr.n : 1) * sizeof(*items));
+    if (!items) {
+        res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
+        goto out;
+    }
+    if (ipc_sizes(req, res, &kr, items) == 0)
+        store_items(req, res, tier, items, kr.n);
+out:
+    free(items);
+    key_request_free(&kr);
+    return persist_ack(req, res);
+}
+
+/* PUT /v1/keys {"tier", "entries": [KeyEntry...]}, or the ipc form. Plain
+ * bodies are read by the scanner (util/keyscan.h) without a cJSON tree of
+ * their entries; anything else by cJSON, which gives every answer. */
 static int keys_put(const struct request *req, struct response *res)
 {
     if (persist_refuse(req, res))
         return 0;
     static const char *const top_names[] = {"tier", "entries", NULL};
     static const char *const entry_names[] = {"key", "size_bytes", NULL};
-    cJSON *body;
-    if (json_parse_body(req, res, &body) != 0)
-        return 0;
+    struct keyscan ks;
+    cJSON *body = NULL;
+    kvidx_put_t *items = NULL;
+    size_t n = 0;
+    if (keyscan_text(req->body, req->body_len, req->app, KEYSCAN_ENTRIES | KEYSCAN_CHUNK_HASHES,
+                     &ks) == 0) {
+        if (ks.chunk_hashes) {
+            keyscan_free(&ks);
+            return keys_put_ipc(req, res);
+        }
+        body = ks.rest;
+        items = ks.items;
+        n = ks.n;
+        ks.rest = NULL;
+        ks.items = NULL;
+        keyscan_free(&ks);
+    } else {
+        if (json_parse_body(req, res, &body) != 0)
+            return 0;
+        if (has_ipc_member(body)) {
+            cJSON_Delete(body);
+            return keys_put_ipc(req, res);
+        }
+    }
+    int fast = items != NULL;
     struct param_errors pe;
     param_errors_init(&pe);
-    kvidx_put_t *items = NULL;
     int key_errors = 0, need_layout = 0;
     kvidx_tier_t tier = KVIDX_TIER_L2;
     const cJSON *entries = NULL;
@@ -185,7 +316,14 @@ static int keys_put(const struct request *req, struct response *res)
         param_errors_add(&pe, "must be an array of KeyEntry objects", "entries");
         goto invalid;
     }
-    size_t n = (size_t)cJSON_GetArraySize(entries);
+    size_t i = 0;
+    if (fast) {
+        /* Every scanned entry is valid; a size of 0 means none was given. */
+        for (i = 0; i < n; i++)
+            need_layout |= items[i].size_bytes == 0;
+        goto checked;
+    }
+    n = (size_t)cJSON_GetArraySize(entries);
     if (n > req->app->cfg.max_keys_per_request) {
         cJSON_Delete(body);
         param_errors_free(&pe);
@@ -198,7 +336,6 @@ static int keys_put(const struct request *req, struct response *res)
         param_errors_free(&pe);
         return res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
     }
-    size_t i = 0;
     for (const cJSON *e = entries->child; e; e = e->next, i++) {
         if (!cJSON_IsObject(e)) {
             param_errors_add(&pe, "must be an object {\"key\", \"size_bytes\"}", "entries[%zu]", i);
@@ -224,6 +361,7 @@ static int keys_put(const struct request *req, struct response *res)
             param_errors_add(&pe, "must be an integer 1..2^40", "entries[%zu].size_bytes", i);
         }
     }
+checked:
     if (pe.n)
         goto invalid;
     if (need_layout) {
@@ -241,19 +379,7 @@ static int keys_put(const struct request *req, struct response *res)
     }
     /* A key named twice is stored once (its last position and size win):
      * "stored" counts keys, not entries. */
-    size_t distinct = count_distinct(ks_of(req)->idx, &items[0].key, sizeof(*items), n, NULL);
-    if (distinct == SIZE_MAX) {
-        res_problem(res, KVIDX_ENOMEM, "out of memory; nothing was stored", NULL, 0);
-        goto out;
-    }
-    size_t conflict = 0;
-    int rc = kvidx_index_put_batch(ks_of(req)->idx, tier, items, n, &conflict);
-    if (rc != 0) {
-        answer_put_error(res, rc, conflict, n);
-        goto out;
-    }
-    buf_printf(&res->body, "{\"stored\":%zu}", distinct);
-    res_json(res, 200);
+    store_items(req, res, tier, items, n);
     goto out;
 
 invalid:
@@ -334,9 +460,7 @@ static int keys_delete(const struct request *req, struct response *res)
         res_problem(res, KVIDX_ENOMEM, "out of memory; nothing was deleted", NULL, 0);
         goto out;
     }
-    /* skipped_source: keys whose only copy in the tiers named is held by
-     * an L2 source, which the API cannot delete (nothing was deleted). */
-    uint64_t counts[4] = {0, 0, 0, 0};
+    uint64_t counts[3] = {0, 0, 0};
     for (i = 0; i < n; i++) {
         if (dup[i])
             continue;
@@ -344,13 +468,10 @@ static int keys_delete(const struct request *req, struct response *res)
         kvidx_index_delete(ks_of(req)->idx, &keys[i], tier, force, &o);
         counts[o]++;
     }
-    buf_printf(&res->body,
-               "{\"deleted\":%llu,\"not_found\":%llu,\"skipped_pinned\":%llu,"
-               "\"skipped_source\":%llu}",
+    buf_printf(&res->body, "{\"deleted\":%llu,\"not_found\":%llu,\"skipped_pinned\":%llu}",
                (unsigned long long)counts[KVIDX_DEL_DELETED],
                (unsigned long long)counts[KVIDX_DEL_NOT_FOUND],
-               (unsigned long long)counts[KVIDX_DEL_SKIPPED_PINNED],
-               (unsigned long long)counts[KVIDX_DEL_SKIPPED_SOURCE]);
+               (unsigned long long)counts[KVIDX_DEL_SKIPPED_PINNED]);
     res_json(res, 200);
     goto out;
 
@@ -482,14 +603,6 @@ static int key_get(const struct request *req, struct response *res)
     jw_key(&w, "key");
     jw_key_object(&w, &stored);
     write_entry_state(&w, &info);
-    /* The L2 sources holding the key ([] when none). */
-    const struct source *held[SOURCES_MAX];
-    size_t nheld = sources_holding(req->app, &stored, held, SOURCES_MAX);
-    jw_key(&w, "l2_sources");
-    jw_arr_begin(&w);
-    for (size_t i = 0; i < nheld; i++)
-        jw_str(&w, held[i]->name);
-    jw_arr_end(&w);
     jw_obj_end(&w);
     res_json(res, 200);
     return 0;
@@ -507,15 +620,29 @@ static int key_put(const struct request *req, struct response *res)
                     "this route takes no query parameters (size_bytes and tier go in the body)") !=
             0)
         return 0;
+    kvidx_put_t item;
+    kvidx_tier_t tier = KVIDX_TIER_L2;
+    memset(&item, 0, sizeof(item));
+    item.key = k;
+    int fast_tier = 0;
+    if (keyscan_put_one(req->body, req->body_len, &item.size_bytes, &fast_tier) == 0) {
+        /* A plain body: no tree. */
+        tier = fast_tier == 1 ? KVIDX_TIER_L1 : KVIDX_TIER_L2;
+        if (item.size_bytes == 0 && layout_size_for(req, &k, &item.size_bytes) != 0) {
+            struct invalid_param p = {"size_bytes",
+                                      "no size_bytes and no layout registered for its model"};
+            res_problem(res, KVIDX_ECONFLICT,
+                        "register a layout (PUT /v1/layouts) or give size_bytes", &p, 1);
+        } else {
+            store_items(req, res, tier, &item, 1);
+        }
+        return persist_ack(req, res);
+    }
     cJSON *body;
     if (json_parse_body(req, res, &body) != 0)
         return 0;
     struct param_errors pe;
     param_errors_init(&pe);
-    kvidx_put_t item;
-    kvidx_tier_t tier = KVIDX_TIER_L2;
-    memset(&item, 0, sizeof(item));
-    item.key = k;
     if (!cJSON_IsObject(body)) {
         param_errors_add(&pe, "must be a JSON object", "body");
     } else {
@@ -539,14 +666,7 @@ static int key_put(const struct request *req, struct response *res)
         param_errors_respond(&pe, res, KVIDX_EINVAL, "invalid request; nothing was stored");
         goto out;
     }
-    size_t conflict = 0;
-    int rc = kvidx_index_put_batch(ks_of(req)->idx, tier, &item, 1, &conflict);
-    if (rc != 0) {
-        answer_put_error(res, rc, conflict, 1);
-        goto out;
-    }
-    buf_puts(&res->body, "{\"stored\":1}");
-    res_json(res, 200);
+    store_items(req, res, tier, &item, 1);
 out:
     param_errors_free(&pe);
     cJSON_Delete(body);
@@ -594,11 +714,6 @@ static int key_delete(const struct request *req, struct response *res)
                            "the key's L1 copy is pinned or loading; use force=true", NULL, 0);
     kvidx_del_outcome_t o = KVIDX_DEL_NOT_FOUND;
     kvidx_index_delete(idx, &k, tier, force, &o);
-    if (o == KVIDX_DEL_SKIPPED_SOURCE)
-        return res_problem(res, KVIDX_ECONFLICT,
-                           "the key's only copy is held by an L2 source (l2_source), which "
-                           "follows its store: delete it there",
-                           NULL, 0);
     if (o != KVIDX_DEL_DELETED)
         return res_problem(res, KVIDX_ENOTFOUND, "the key has no copy in that tier", NULL, 0);
     res->status = 204;
