@@ -18,6 +18,8 @@
 #                     the 262,144-key ipc prefetch runs BENCH_PF_REPS/25 cycles (>= 8)
 #   BENCH_LOOKUP_SECS seconds of each lookup / MGET round (default 3)
 #   BENCH_REDIS_KEYS  keys in the Redis source's initial-sync run (default 1000000)
+#   BENCH_FS_FILES    files in the fs: source's first-scan run, on tmpfs (default 1000000)
+#   BENCH_FS_RENAMES  renames timed until visible in GET (default 10000)
 #   BENCH_PIN         1 = server on CPU 0, client on CPU 1 (default 1 if nproc >= 2)
 set -u
 B=${1:-build-bench}
@@ -74,7 +76,7 @@ echo "kvidx bench: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "machine: nproc=$NPROC cpu=\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\" kernel=$(uname -r)"
 echo "pinning: $([ "$PIN" = 1 ] && echo 'servers on CPU 0, clients (wrk, bench_http) on CPU 1' || echo none)"
 
-for p in kvidxd bench_index bench_fold bench_json bench_http bench_lookup bench_persist bench_redis_source; do
+for p in kvidxd bench_index bench_fold bench_json bench_http bench_lookup bench_persist bench_redis_source bench_fs_source; do
     [ -x "$B/$p" ] || { echo "missing $B/$p: build with -DKVIDX_BENCH=ON first" >&2; exit 1; }
 done
 
@@ -376,6 +378,28 @@ if have redis-server && have redis-cli; then
 else
     echo "redis-server/redis-cli not installed: no Redis source figures (install redis-server redis-tools)"
 fi
+
+# ---------------------------------------------------------------- 7. fs: source
+# l2_source = fs:<dir> on tmpfs (/dev/shm): the first scan of BENCH_FS_FILES
+# LMCache-named files beside `find -name '*.data' -printf '%s\n' | wc -l` on
+# the same directory in the same run (target <= 1.5x find's time), rename()
+# -> visible in GET latency over BENCH_FS_RENAMES renames (target p99 <= 50
+# ms), and the daemon's RSS per indexed file. The program creates and
+# removes the directory itself and stops the daemons it starts; not pinned
+# (the daemon's scan thread and loop may use both CPUs, find has one).
+FS_FILES=${BENCH_FS_FILES:-1000000}
+FS_RENAMES=${BENCH_FS_RENAMES:-10000}
+say "fs: source: $FS_FILES files on tmpfs (first scan vs find), $FS_RENAMES renames until visible"
+timeout 900 "$B/bench_fs_source" "$B/kvidxd" "$FS_FILES" "$FS_RENAMES" | tee "$TMP/fs.txt" ||
+    echo "bench_fs_source failed or timed out"
+row "FS first scan $FS_FILES files" "$(val fs_scan_files_per_s "$TMP/fs.txt")" "files/s ($(val fs_scan_to_ready_seconds "$TMP/fs.txt") s to /readyz 200)"
+row "FS find -printf %s | wc -l, same dir" "$(val fs_find_files_per_s "$TMP/fs.txt")" "files/s ($(val fs_find_seconds "$TMP/fs.txt") s)"
+r=$(val fs_scan_over_find "$TMP/fs.txt")
+row "FS scan time / find time (target<=1.5)" "$r" "x $(meets_le "$r" 1.5)"
+row "FS rename->visible in GET p50" "$(val fs_rename_visible_p50_ms "$TMP/fs.txt")" "ms"
+p99=$(val fs_rename_visible_p99_ms "$TMP/fs.txt")
+row "FS rename->visible in GET p99 (target<=50)" "$p99" "ms $(meets_le "$p99" 50)"
+row "FS daemon RSS per indexed file" "$(val fs_rss_bytes_per_file "$TMP/fs.txt")" "bytes/file (32-byte hashes)"
 
 echo
 echo "================================ summary ================================"
