@@ -8,6 +8,7 @@
 #include "app.h"
 
 #include "util/context.h"
+#include "state/fleet.h"
 #include "state/keystore.h"
 #include "state/layouts.h"
 #include "state/persist/persist.h"
@@ -25,8 +26,9 @@
 #include <string.h>
 
 const struct route *const app_route_tables[] = {
-    ops_routes,    layout_routes,   key_routes,  list_routes,
-    lookup_routes, prefetch_routes, load_routes, NULL,
+    ops_routes,      layout_routes, key_routes,     list_routes,     lookup_routes,
+    prefetch_routes, load_routes,   events_routes,  directory_routes, instances_routes,
+    NULL,
 };
 
 /* The daemon's own gauge: readiness, as /readyz answers it. */
@@ -133,6 +135,8 @@ int subsystems_init(struct app *app)
     int rc = metrics_register(app->metrics, app_gauges, app);
     if (rc == 0)
         rc = keystore_init(app);
+    if (rc == 0)
+        rc = fleet_init(app);
     /* Restore before the prefetch manager and before the server exists:
      * /readyz cannot answer 200 and READY=1 is not sent until it is done. */
     if (rc == 0)
@@ -142,6 +146,8 @@ int subsystems_init(struct app *app)
     if (rc == 0)
         rc = prefetches_init(app);
     if (rc == 0)
+        rc = fleet_start(app);
+    if (rc == 0)
         router_use_tables(app_route_tables);
     if (rc != 0) {
         /* Closes the journal's uv handles; the writer thread stays until
@@ -149,6 +155,8 @@ int subsystems_init(struct app *app)
         sources_stop(app);
         sources_free(app);
         persist_stop(app);
+        fleet_stop(app);
+        fleet_free(app);
         keystore_free(app);
         metrics_unregister(app->metrics, app_gauges, app);
         layouts_free(app->layouts);
@@ -160,12 +168,14 @@ int subsystems_init(struct app *app)
 void subsystems_reload(struct app *app)
 {
     prefetches_reload(app);
+    fleet_reload(app);
 }
 
 void subsystems_stop(struct app *app)
 {
     prefetches_stop(app);
     sources_stop(app);
+    fleet_stop(app);
     persist_stop(app);
 }
 
@@ -174,6 +184,7 @@ void subsystems_free(struct app *app)
     prefetches_free(app);
     sources_free(app);
     persist_free(app);
+    fleet_free(app);
     keystore_free(app);
     metrics_unregister(app->metrics, app_gauges, app);
     layouts_free(app->layouts);

@@ -155,6 +155,17 @@ static const struct setting settings[] = {
         "inotify queue overflow (a full rescan); empty: off"),
     UINT(l2_source_test_scan_delay_ms, "0", 0, 60000, 0,
          "tests only: an fs: source's scan pauses this long before each batch of names"),
+    UINT(instance_timeout_s, "30", 1, 86400, 1,
+         "fleet directory: an instance not heard of for this many seconds is dropped (its L1 "
+         "placements fenced, its cursor forgotten)"),
+    UINT(health_check_interval_s, "10", 1, 3600, 0,
+         "fleet directory: seconds between two looks for instances past instance_timeout_s"),
+    UINT(chunk_size, "256", 1, 1048576, 0,
+         "fleet directory: tokens per chunk when the tokens form is hashed (LMCache's chunk "
+         "size)"),
+    SIZE(directory_token_bytes, "256MiB", 0, UINT64_C(1) << 40, 1,
+         "fleet directory: bytes the token ids of chunk hashes may take (4 per token plus 24 "
+         "per chunk); past it the oldest are dropped; 0 = unbounded"),
 };
 
 #define N_SETTINGS (sizeof(settings) / sizeof(settings[0]))

@@ -49,6 +49,10 @@ struct config {
     char l2_source[2048];                   /* space-separated sources: fs:/dir, redis://... */
     char l2_source_test_overflow_file[256]; /* tests only: this name in an fs: dir = overflow */
     uint64_t l2_source_test_scan_delay_ms;  /* tests only: pause before each scan batch */
+    uint64_t instance_timeout_s;      /* fleet: an instance silent this long is dropped */
+    uint64_t health_check_interval_s; /* fleet: how often silent instances are looked for */
+    uint64_t chunk_size;              /* fleet: tokens per chunk of the tokens form */
+    uint64_t directory_token_bytes;   /* fleet: cap on the token bindings' bytes, 0 = none */
 };
 
 /* Fills c with every default. */

@@ -18,6 +18,7 @@ struct prefetches; /* state/prefetches.c: handles, leases, loads (lib's prefetch
 struct layouts;    /* state/layouts.c: MemoryLayoutDesc registry */
 struct persist;    /* state/persist/: journal and snapshots */
 struct sources;    /* state/sources.c: the outside stores that report L2 copies */
+struct fleet;      /* state/fleet.c: the fleet directory (LMCache coordinator surface) */
 
 struct app {
     struct config cfg;
@@ -30,6 +31,7 @@ struct app {
     struct layouts *layouts;
     struct persist *persist; /* NULL without data_dir */
     struct sources *sources; /* NULL without l2_source */
+    struct fleet *fleet;
     int ready;               /* restored and listening: /readyz 200 */
     int draining;            /* shutting down: /readyz 503 */
     uint64_t started_ms;

@@ -448,6 +448,30 @@ class AnswersTest(unittest.TestCase):
         c("GET", one, wp, status=410)
         c("POST", rel, wp + "/release", status=410)
         c("POST", ext, wp + "/extend", {"lease_ms": 5}, 410)
+        # the fleet directory (docs/fleet.md)
+        batch = {"instance_id": "mp-1", "incarnation": 1, "seq": 1, "event_type": "store",
+                 "tier": "l1", "backend": "dram",
+                 "entries": [{"key": K("00"), "size_bytes": 10, "token_ids": [1, 2]}]}
+        c("POST", "/events", "/events", {"batches": [batch]}, 200)
+        c("POST", "/events", "/events", {"batches": [dict(batch, seq=0)]}, 422)
+        c("POST", "/events", "/events", b"{", 400)
+        c("GET", "/directory/keys", "/directory/keys?tier=l1&limit=5", status=200)
+        c("GET", "/directory/keys", "/directory/keys?limit=0", status=422)
+        for p in ("/directory/lookup", "/directory/score"):
+            c("POST", p, p, {"keys": [K("00"), K("09")]}, 200)
+            c("POST", p, p, {"token_ids": [1] * 300, "model_name": "m", "world_size": 2}, 200)
+            c("POST", p, p, {}, 422)
+            c("POST", p, p, {"token_ids": [1], "model_name": "m@"}, 400)
+        c("GET", "/directory/stats", "/directory/stats", status=200)
+        c("GET", "/directory/streams", "/directory/streams", status=200)
+        reg = c("POST", "/instances", "/instances", {"ip": "10.0.0.1", "http_port": 80}, 200)
+        c("POST", "/instances", "/instances", {"ip": "10.0.0.1"}, 422)
+        c("GET", "/instances", "/instances", status=200)
+        hb = "/instances/{id}/heartbeat"
+        c("PUT", hb, "/instances/%s/heartbeat" % reg["instance_id"], status=200)
+        c("PUT", hb, "/instances/nobody/heartbeat", status=404)
+        c("DELETE", "/instances/{id}", "/instances/" + reg["instance_id"], status=204)
+        c("GET", "/healthz", "/healthz", status=200)
         # every operation of the document was answered at least once
         documented = {(m.upper(), t) for t, m, _, _ in operations(self.doc)}
         self.assertEqual(documented - self.seen, set())

@@ -38,13 +38,15 @@
     XX(ENOBUFS, -26, 500, "internal", "Buffer too small")                                          \
     XX(EBADREQUEST, -27, 400, "invalid_argument", "Bad request")                                   \
     XX(ENOTIMPL, -28, 501, "not_implemented", "Not implemented")                                   \
-    XX(EHTTPVERSION, -29, 505, "http_version_not_supported", "HTTP version not supported")
+    XX(EHTTPVERSION, -29, 505, "http_version_not_supported", "HTTP version not supported")        \
+    XX(EUNPROCESSABLE, -30, 422, "invalid_argument", "Unprocessable content")                     \
+    XX(EUNPROCESSABLEKEY, -31, 422, "invalid_key", "Unprocessable key")
 
 typedef enum {
 #define KVIDX_ERR_ENUM(name, value, status, code, title) KVIDX_##name = value,
     KVIDX_ERRNO_MAP(KVIDX_ERR_ENUM)
 #undef KVIDX_ERR_ENUM
-        KVIDX_ERR_MIN = -30
+        KVIDX_ERR_MIN = -32
 } kvidx_errno_t;
 
 /* The symbolic name ("KVIDX_EKEY"), or "KVIDX_EUNKNOWN" for a code not in the table. */

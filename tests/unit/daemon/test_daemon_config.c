@@ -68,6 +68,10 @@ ParameterizedTestParameters(config, defaults)
         {"l2_source", ""},
         {"l2_source_test_overflow_file", ""},
         {"l2_source_test_scan_delay_ms", "0"},
+        {"instance_timeout_s", "30"},
+        {"health_check_interval_s", "10"},
+        {"chunk_size", "256"},
+        {"directory_token_bytes", "256MiB"},
     };
     return cr_make_param_array(struct def_case, cases, sizeof(cases) / sizeof(cases[0]));
 }
@@ -107,7 +111,7 @@ Test(config, default_fields)
 Test(config, every_row_consistent)
 {
     size_t n = n_settings();
-    cr_assert_eq(n, 32, "one row per field of struct config");
+    cr_assert_eq(n, 36, "one row per field of struct config");
     struct config c;
     config_defaults(&c);
     for (size_t i = 0; i < n; i++) {
@@ -356,7 +360,9 @@ Test(config, reloadable_flags)
                                         "l2_source_reconnect_max_ms",
                                         "l2_source",
                                         "l2_source_test_overflow_file",
-                                        "l2_source_test_scan_delay_ms"};
+                                        "l2_source_test_scan_delay_ms",
+                                        "health_check_interval_s",
+                                        "chunk_size"};
     static const char *const reloadable[] = {"log_level",
                                              "log_format",
                                              "max_body_bytes",
@@ -375,7 +381,9 @@ Test(config, reloadable_flags)
                                              "handle_grace_ms",
                                              "load_timeout_ms",
                                              "shutdown_timeout_ms",
-                                             "snapshot_journal_bytes"};
+                                             "snapshot_journal_bytes",
+                                             "instance_timeout_s",
+                                             "directory_token_bytes"};
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
         cr_assert_eq(config_reloadable(fixed[i]), 0, "%s", fixed[i]);
     for (size_t i = 0; i < sizeof(reloadable) / sizeof(reloadable[0]); i++)

@@ -1,0 +1,387 @@
+/*
+ * The fleet directory's reads: LMCache's GET /directory/keys, POST
+ * /directory/lookup and GET /directory/stats, and kvidx's own GET
+ * /directory/streams (the gate's cursors) and POST /directory/score (each
+ * instance's servable prefix for a request).
+ *
+ * Reads change nothing. Query and body errors answer 422 as LMCache's
+ * FastAPI validation does (problem+json here, the fields named in
+ * invalid_params); a tokens-form request over 1,000,000 token ids answers
+ * 400, as LMCache does.
+ */
+#include "api/api.h"
+#include "api/body.h"
+#include "api/fleet_json.h"
+
+#include "state/fleet.h"
+#include "util/context.h"
+
+#include "kvidx/err.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int answer_oom(struct response *res)
+{
+    buf_reset(&res->body);
+    return res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
+}
+
+/* A decimal query integer in [lo, hi]: 1 found, 0 absent, -1 bad. */
+static int query_uint(const struct request *req, const char *name, uint64_t lo, uint64_t hi,
+                      uint64_t *out)
+{
+    char v[32];
+    size_t n;
+    int rc = query_get(req->query, name, v, sizeof(v), &n);
+    if (rc == 0)
+        return 0;
+    if (rc < 0 || n == 0)
+        return -1;
+    uint64_t x = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] < '0' || v[i] > '9' || x > (UINT64_MAX - 9) / 10)
+            return -1;
+        x = x * 10 + (uint64_t)(v[i] - '0');
+    }
+    if (x < lo || x > hi)
+        return -1;
+    *out = x;
+    return 1;
+}
+
+struct list_ctx {
+    struct jw *w;
+};
+
+static void write_row_placements(struct jw *w, kvidx_dir_row_t *row)
+{
+    jw_key(w, "placements");
+    jw_arr_begin(w);
+    kvidx_dir_placement_t p;
+    while (kvidx_directory_row_next(row, &p))
+        fj_placement(w, &p);
+    jw_arr_end(w);
+}
+
+static int list_row(void *ctx, kvidx_dir_row_t *row)
+{
+    struct list_ctx *lc = ctx;
+    struct jw *w = lc->w;
+    jw_obj_begin(w);
+    jw_key(w, "key");
+    jw_key_object(w, &row->key);
+    write_row_placements(w, row);
+    jw_key(w, "num_tokens");
+    jw_u64(w, row->token_ids ? row->num_tokens : 0);
+    jw_obj_end(w);
+    return w->b->failed ? KVIDX_ENOMEM : 0;
+}
+
+static int api_dir_keys(const struct request *req, struct response *res)
+{
+    struct param_errors pe;
+    param_errors_init(&pe);
+    char inst[KVIDX_DIR_ID_MAX + 1], backend[KVIDX_DIR_ID_MAX + 1];
+    char tier[8];
+    size_t inst_len = 0, backend_len = 0, tier_len = 0;
+    kvidx_dir_filter_t f;
+    memset(&f, 0, sizeof(f));
+    int rc = query_get(req->query, "tier", tier, sizeof(tier), &tier_len);
+    if (rc < 0)
+        param_errors_add(&pe, "must be l1, l2 or all", "tier");
+    else if (rc == 1) {
+        if (strcmp(tier, "l1") == 0)
+            f.tier = KVIDX_DIR_L1;
+        else if (strcmp(tier, "l2") == 0)
+            f.tier = KVIDX_DIR_L2;
+        else if (strcmp(tier, "all") != 0)
+            param_errors_add(&pe, "must be l1, l2 or all", "tier");
+    }
+    if (query_get(req->query, "instance_id", inst, sizeof(inst), &inst_len) < 0)
+        param_errors_add(&pe, "must be at most 1024 bytes, percent-encoded", "instance_id");
+    if (query_get(req->query, "backend", backend, sizeof(backend), &backend_len) < 0)
+        param_errors_add(&pe, "must be at most 1024 bytes, percent-encoded", "backend");
+    uint64_t offset = 0, limit = 1000;
+    if (query_uint(req, "offset", 0, UINT64_MAX, &offset) < 0)
+        param_errors_add(&pe, "must be an integer >= 0", "offset");
+    if (query_uint(req, "limit", 1, 10000, &limit) < 0)
+        param_errors_add(&pe, "must be an integer 1..10000", "limit");
+    if (pe.n) {
+        fj_unprocessable(&pe, res, "the query is not valid", 0);
+        return 0;
+    }
+    param_errors_free(&pe);
+    f.instance_id = inst;
+    f.instance_len = inst_len;
+    f.backend = backend;
+    f.backend_len = backend_len;
+
+    /* LMCache writes total before keys; the rows go to a side buffer
+     * until the walk has counted them. */
+    struct buf rows;
+    buf_init(&rows);
+    struct jw rw;
+    jw_init(&rw, &rows);
+    jw_arr_begin(&rw);
+    struct list_ctx lc = {&rw};
+    uint64_t total = 0;
+    rc = kvidx_directory_list(req->app->fleet->dir, &f, offset, limit, list_row, &lc, &total);
+    jw_arr_end(&rw);
+    struct jw w;
+    jw_init(&w, &res->body);
+    jw_obj_begin(&w);
+    jw_key(&w, "total");
+    jw_u64(&w, total);
+    jw_key(&w, "keys");
+    jw_raw(&w, rows.data ? rows.data : "[]", rows.data ? rows.len : 2);
+    jw_obj_end(&w);
+    int failed = rc != 0 || rows.failed || res->body.failed;
+    buf_free(&rows);
+    if (failed)
+        return answer_oom(res);
+    res_json(res, 200);
+    return 0;
+}
+
+static int api_dir_lookup(const struct request *req, struct response *res)
+{
+    cJSON *root = NULL;
+    if (json_parse_body(req, res, &root) != 0)
+        return 0;
+    struct fleet_keys fk;
+    if (fleet_keys_parse(req, res, root, &fk) != 0) {
+        cJSON_Delete(root);
+        return 0;
+    }
+    const kvidx_directory_t *d = req->app->fleet->dir;
+    struct jw w;
+    jw_init(&w, &res->body);
+    jw_obj_begin(&w);
+    jw_key(&w, "chunks");
+    jw_u64(&w, fk.chunks);
+    jw_key(&w, "results");
+    jw_arr_begin(&w);
+    for (size_t i = 0; i < fk.n && !res->body.failed; i++) {
+        kvidx_dir_row_t row;
+        int found = kvidx_directory_lookup(d, &fk.keys[i], &row) == 0;
+        jw_obj_begin(&w);
+        jw_key(&w, "key");
+        jw_key_object(&w, &fk.keys[i]);
+        if (found) {
+            write_row_placements(&w, &row);
+        } else {
+            jw_key(&w, "placements");
+            jw_arr_begin(&w);
+            jw_arr_end(&w);
+        }
+        jw_key(&w, "token_ids");
+        jw_u32s(&w, row.token_ids, row.token_ids ? row.num_tokens : 0);
+        jw_obj_end(&w);
+    }
+    jw_arr_end(&w);
+    jw_obj_end(&w);
+    fleet_keys_free(&fk);
+    cJSON_Delete(root);
+    if (res->body.failed)
+        return answer_oom(res);
+    res_json(res, 200);
+    return 0;
+}
+
+static int l1_by_instance(void *ctx, const kvidx_dir_inst_stats_t *s)
+{
+    struct jw *w = ctx;
+    if (!s->l1_keys && !s->has_cursor)
+        return 0;
+    /* jw_key takes trusted text: the member name is written as an escaped
+     * string value, then the colon. */
+    jw_strn(w, s->instance_id, s->instance_len);
+    buf_putc(w->b, ':');
+    w->after_key = 1;
+    jw_u64(w, s->l1_keys);
+    return 0;
+}
+
+static int api_dir_stats(const struct request *req, struct response *res)
+{
+    const kvidx_directory_t *d = req->app->fleet->dir;
+    kvidx_dir_stats_t st;
+    kvidx_directory_stats(d, &st);
+    struct jw w;
+    jw_init(&w, &res->body);
+    jw_obj_begin(&w);
+    jw_key(&w, "num_keys");
+    jw_u64(&w, st.num_keys);
+    jw_key(&w, "num_placements");
+    jw_u64(&w, st.num_placements);
+    jw_key(&w, "l1_keys_by_instance");
+    jw_obj_begin(&w);
+    kvidx_directory_inst_stats(d, l1_by_instance, &w);
+    jw_obj_end(&w);
+    jw_key(&w, "blend");
+    jw_obj_begin(&w);
+    /* No blend index: LMCache's figures with blend lookup off. */
+    static const char *const blend[] = {"num_contents", "num_chunks", "num_claims",
+                                        "num_namespaces"};
+    for (size_t i = 0; i < sizeof(blend) / sizeof(blend[0]); i++) {
+        jw_key(&w, blend[i]);
+        jw_u64(&w, 0);
+    }
+    jw_key(&w, "table_size");
+    jw_u64(&w, 1024);
+    jw_obj_end(&w);
+    jw_key(&w, "placements_by_tier");
+    jw_obj_begin(&w);
+    jw_key(&w, "l1");
+    jw_u64(&w, st.placements[0]);
+    jw_key(&w, "l2");
+    jw_u64(&w, st.placements[1]);
+    jw_obj_end(&w);
+    jw_key(&w, "bytes_by_tier");
+    jw_obj_begin(&w);
+    jw_key(&w, "l1");
+    jw_u64(&w, st.bytes[0]);
+    jw_key(&w, "l2");
+    jw_u64(&w, st.bytes[1]);
+    jw_obj_end(&w);
+    jw_key(&w, "token_bindings");
+    jw_obj_begin(&w);
+    jw_key(&w, "bindings");
+    jw_u64(&w, st.bindings);
+    jw_key(&w, "tokens");
+    jw_u64(&w, st.binding_tokens);
+    jw_key(&w, "bytes");
+    jw_u64(&w, st.token_bytes);
+    jw_key(&w, "cap");
+    jw_u64(&w, st.token_bytes_cap);
+    jw_key(&w, "dropped");
+    jw_u64(&w, st.bindings_dropped);
+    jw_key(&w, "tokens_dropped");
+    jw_u64(&w, st.tokens_dropped);
+    jw_obj_end(&w);
+    jw_key(&w, "num_instances");
+    jw_u64(&w, st.num_instances);
+    jw_key(&w, "num_registered");
+    jw_u64(&w, st.num_registered);
+    jw_key(&w, "num_streams");
+    jw_u64(&w, st.num_streams);
+    jw_key(&w, "memory_bytes");
+    jw_u64(&w, st.memory_bytes);
+    jw_key(&w, "chunk_size");
+    jw_u64(&w, req->app->cfg.chunk_size);
+    jw_obj_end(&w);
+    if (res->body.failed)
+        return answer_oom(res);
+    res_json(res, 200);
+    return 0;
+}
+
+static int stream_row(void *ctx, const kvidx_dir_stream_t *s)
+{
+    struct jw *w = ctx;
+    jw_obj_begin(w);
+    jw_key(w, "instance_id");
+    jw_strn(w, s->instance_id, s->instance_len);
+    jw_key(w, "incarnation");
+    jw_u64(w, s->incarnation);
+    jw_key(w, "last_seq");
+    jw_u64(w, s->last_seq);
+    jw_key(w, "gap_detected");
+    jw_bool(w, s->gap);
+    jw_key(w, "applied");
+    jw_u64(w, s->applied);
+    jw_key(w, "duplicates");
+    jw_u64(w, s->duplicates);
+    jw_key(w, "stale");
+    jw_u64(w, s->stale);
+    jw_key(w, "last_ts");
+    fj_double(w, s->last_ts);
+    jw_obj_end(w);
+    return 0;
+}
+
+static int api_dir_streams(const struct request *req, struct response *res)
+{
+    struct jw w;
+    jw_init(&w, &res->body);
+    jw_obj_begin(&w);
+    jw_key(&w, "streams");
+    jw_arr_begin(&w);
+    kvidx_directory_streams(req->app->fleet->dir, stream_row, &w);
+    jw_arr_end(&w);
+    jw_obj_end(&w);
+    if (res->body.failed)
+        return answer_oom(res);
+    res_json(res, 200);
+    return 0;
+}
+
+static int api_dir_score(const struct request *req, struct response *res)
+{
+    cJSON *root = NULL;
+    if (json_parse_body(req, res, &root) != 0)
+        return 0;
+    struct fleet_keys fk;
+    if (fleet_keys_parse(req, res, root, &fk) != 0) {
+        cJSON_Delete(root);
+        return 0;
+    }
+    /* The tokens form is chunk-major with world_size ranks a chunk; the
+     * keys form names one key per chunk. One full-attention group. */
+    int64_t window = -1;
+    kvidx_fold_shape_t shape = {&window, 1, fk.chunks, fk.tokens_form ? fk.world_size : 1};
+    kvidx_dir_score_t *scores = NULL;
+    size_t count = 0;
+    int rc = kvidx_directory_score(req->app->fleet->dir, fk.keys, fk.n, &shape, &scores, &count);
+    if (rc != 0) {
+        fleet_keys_free(&fk);
+        cJSON_Delete(root);
+        return res_problem(res, rc, rc == KVIDX_ENOMEM ? "out of memory" : "bad request shape",
+                           NULL, 0);
+    }
+    struct jw w;
+    jw_init(&w, &res->body);
+    jw_obj_begin(&w);
+    jw_key(&w, "chunks");
+    jw_u64(&w, fk.chunks);
+    jw_key(&w, "scores");
+    jw_arr_begin(&w);
+    for (size_t i = 0; i < count; i++) {
+        const kvidx_dir_score_t *s = &scores[i];
+        jw_obj_begin(&w);
+        jw_key(&w, "instance_id");
+        if (s->shared)
+            jw_null(&w);
+        else
+            jw_strn(&w, s->instance_id, s->instance_len);
+        jw_key(&w, "shared");
+        jw_bool(&w, s->shared);
+        jw_key(&w, "l1_chunks");
+        jw_u64(&w, s->l1_chunks);
+        jw_key(&w, "l2_chunks");
+        jw_u64(&w, s->l2_chunks);
+        jw_key(&w, "any_chunks");
+        jw_u64(&w, s->any_chunks);
+        jw_obj_end(&w);
+    }
+    jw_arr_end(&w);
+    jw_obj_end(&w);
+    kvidx_directory_score_free(scores);
+    fleet_keys_free(&fk);
+    cJSON_Delete(root);
+    if (res->body.failed)
+        return answer_oom(res);
+    res_json(res, 200);
+    return 0;
+}
+
+const struct route directory_routes[] = {
+    {M_GET, "/directory/keys", api_dir_keys, "fleet_directory_keys"},
+    {M_POST, "/directory/lookup", api_dir_lookup, "fleet_directory_lookup"},
+    {M_GET, "/directory/stats", api_dir_stats, "fleet_directory_stats"},
+    {M_GET, "/directory/streams", api_dir_streams, "fleet_directory_streams"},
+    {M_POST, "/directory/score", api_dir_score, "fleet_directory_score"},
+    {0, NULL, NULL, NULL},
+};
