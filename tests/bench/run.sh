@@ -8,8 +8,8 @@
 #
 # Knobs (environment):
 #   BENCH_INDEX_KEYS  keys for bench_index       (default 10000000; ~3 min)
-#   BENCH_LIST_KEYS   N keys for the listing run (default 1000000, multiple of 1000;
-#                     10000000 works but adds ~5 min: see docs/performance.md)
+#   BENCH_LIST_KEYS   N keys for the server-CPU run and its listing pages (default 1000000,
+#                     multiple of 1000; 10000000 adds ~5 min: see docs/performance.md)
 #   BENCH_PUT_BATCHES PUT batches of 1000 timed  (default 200)
 #   BENCH_WRK_SECS    duration of each wrk run   (default 5)
 #   BENCH_REPS        rounds of each wrk / listing comparison, alternating
@@ -17,6 +17,10 @@
 #   BENCH_PF_REPS     submit+poll+release cycles of the 1024-key prefetch (default 500);
 #                     the 262,144-key ipc prefetch runs BENCH_PF_REPS/25 cycles (>= 8)
 #   BENCH_LOOKUP_SECS seconds of each lookup / MGET round (default 3)
+#   BENCH_CPU_SECS    seconds of each server-CPU round, kvidx and Redis alternating (default 1.5)
+#   BENCH_CPU_ROUNDS  server-CPU rounds per operation; the median counts (default 3)
+#   BENCH_TRACE       the trace to replay (default ../shared/traces/mooncake_synthetic_trace.jsonl
+#                     beside the repository; the bench fails when it is missing)
 #   BENCH_REDIS_KEYS  keys in the Redis source's initial-sync run (default 1000000)
 #   BENCH_FS_FILES    files in the fs: source's first-scan run, on tmpfs (default 1000000)
 #   BENCH_FS_RENAMES  renames timed until visible in GET (default 10000)
@@ -27,6 +31,9 @@ INDEX_KEYS=${BENCH_INDEX_KEYS:-10000000}
 LIST_KEYS=${BENCH_LIST_KEYS:-1000000}
 PF_REPS=${BENCH_PF_REPS:-500}
 LOOKUP_SECS=${BENCH_LOOKUP_SECS:-3}
+CPU_SECS=${BENCH_CPU_SECS:-1.5}
+CPU_ROUNDS=${BENCH_CPU_ROUNDS:-3}
+FAILED=""
 PUT_BATCHES=${BENCH_PUT_BATCHES:-200}
 WRK_SECS=${BENCH_WRK_SECS:-5}
 REPS=${BENCH_REPS:-2}
@@ -76,7 +83,7 @@ echo "kvidx bench: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "machine: nproc=$NPROC cpu=\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\" kernel=$(uname -r)"
 echo "pinning: $([ "$PIN" = 1 ] && echo 'servers on CPU 0, clients (wrk, bench_http) on CPU 1' || echo none)"
 
-for p in kvidxd bench_index bench_fold bench_json bench_http bench_lookup bench_persist bench_redis_source bench_fs_source; do
+for p in kvidxd bench_index bench_fold bench_json bench_http bench_lookup bench_persist bench_cpu bench_redis_source bench_fs_source; do
     [ -x "$B/$p" ] || { echo "missing $B/$p: build with -DKVIDX_BENCH=ON first" >&2; exit 1; }
 done
 
@@ -220,24 +227,21 @@ row "PUT batch1000 incl. client encoding" "$(val put_keys_per_s_incl_client_enco
 PUTIN=$(val put_rate_batch1000_hash32 "$TMP/index.txt")
 row "PUT HTTP / in-process put (avg over ${INDEX_KEYS})" "$(ratio "$(val put_keys_per_s "$TMP/put.txt")" "$PUTIN")" "x"
 
-# ---------------------------------------------------------------- 4. listing vs Redis
+# ---------------------------------------------------------------- 4. server CPU vs Redis
+# bench_cpu cmp: the server's own CPU (utime + stime of /proc/PID/stat) per
+# operation, kvidxd and Redis on the same core in alternating rounds, bodies
+# encoded beforehand; the median round of each side counts. Wall-clock time
+# per operation at the client is printed beside it (wall_*). The listing
+# pages run over the N keys loaded here (and the same canonical strings in a
+# Redis sorted set); then the stores and lookups.
 LB=$((LIST_KEYS / 1000))
 REST=$((LB - PUT_BATCHES))
-say "listing: load N=$LIST_KEYS keys (remaining $REST batches), then GET /v1/keys?page_size=1000 to the end"
-[ "$REST" -gt 0 ] && $CLI timeout 400 "$B/bench_http" put "$KPORT" "$REST" "$PUT_BATCHES" >/dev/null
+say "server CPU: load N=$LIST_KEYS keys (remaining $REST batches) into kvidxd and the same strings into a Redis sorted set"
+[ "$REST" -gt 0 ] && $CLI timeout 900 "$B/bench_http" put "$KPORT" "$REST" "$PUT_BATCHES" >/dev/null
 RSS1=$(rss_kb "$KPID")
 row "daemon: RSS per key after HTTP load of $LIST_KEYS" \
     "$(awk -v a="$RSS0" -v b="$RSS1" -v n="$LIST_KEYS" 'BEGIN { if (a == "" || b == "") print "n/a"; else printf "%.1f", (b - a) * 1024 / n }')" \
     "bytes/key (VmRSS growth of kvidxd; 32-byte hashes)"
-kl=""; i=0
-while [ $i -lt "$REPS" ]; do
-    $CLI timeout 300 "$B/bench_http" list "$KPORT" $((LB + 10)) | tee "$TMP/list.txt"
-    kl=$(max "$kl" "$(val list_pages_per_s "$TMP/list.txt")")
-    i=$((i + 1))
-done
-row "LIST kvidx N=$LIST_KEYS page_size=1000" "$kl" "pages/s ($(val list_entries "$TMP/list.txt") keys seen)"
-stop_pid "$KPID"
-
 if have redis-server && have redis-cli; then
     RPORT=$(free_port 3)
     $SRV redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
@@ -245,22 +249,73 @@ if have redis-server && have redis-cli; then
     RPID=$!
     PIDS="$PIDS $RPID"
     if wait_port "$RPORT"; then
-        say "Redis reference: ZADD $LIST_KEYS canonical keys (redis-cli --pipe), ZRANGEBYLEX (cursor + LIMIT 0 1000 to the end"
-        "$B/bench_http" zgen "$LIST_KEYS" | timeout 300 redis-cli -p "$RPORT" --pipe | tail -1
-        rl=""; i=0
-        while [ $i -lt "$REPS" ]; do
-            $CLI timeout 300 "$B/bench_http" rlist "$RPORT" $((LB + 10)) | tee "$TMP/rlist.txt"
-            rl=$(max "$rl" "$(val rlist_pages_per_s "$TMP/rlist.txt")")
-            i=$((i + 1))
-        done
-        row "LIST redis ZRANGEBYLEX N=$LIST_KEYS" "$rl" "pages/s ($(val rlist_entries "$TMP/rlist.txt") keys seen)"
-        row "LIST kvidx/redis" "$(ratio "$kl" "$rl")" "x"
+        "$B/bench_http" zgen "$LIST_KEYS" | timeout 900 redis-cli -p "$RPORT" --pipe | tail -1
+        say "server CPU per operation, kvidxd vs Redis, ${CPU_ROUNDS} rounds of ${CPU_SECS}s each"
+        $CLI timeout 900 "$B/bench_cpu" cmp "$KPORT" "$KPID" "$RPORT" "$RPID" "$CPU_SECS" "$CPU_ROUNDS" \
+            listfirst listdeep store1000 storeipc lookup1000 lookupipc | tee "$TMP/cpu.txt" ||
+            echo "bench_cpu cmp failed or timed out"
+        cpu_rows() { # op label target
+            row "CPU $2: kvidx" "$(val "cpu_$1_kvidx" "$TMP/cpu.txt")" "us/op server CPU (wall $(val "wall_$1_kvidx" "$TMP/cpu.txt") us)"
+            row "CPU $2: redis" "$(val "cpu_$1_redis" "$TMP/cpu.txt")" "us/op server CPU (wall $(val "wall_$1_redis" "$TMP/cpu.txt") us)"
+            r=$(val "cpu_$1_ratio" "$TMP/cpu.txt")
+            row "CPU $2: redis/kvidx (target>=$3)" "${r:-n/a}" "x $(meets "${r:-n/a}" "$3")"
+        }
+        cpu_rows listfirst "first page 1000 @$LIST_KEYS vs ZRANGEBYLEX" 1.5
+        cpu_rows listdeep "page at 9/10 @$LIST_KEYS vs ZRANGEBYLEX (cursor" 1.5
+        d=$(ratio "$(val cpu_listdeep_kvidx "$TMP/cpu.txt")" "$(val cpu_listfirst_kvidx "$TMP/cpu.txt")")
+        row "CPU page at 9/10 / first page (target<=1.2)" "$d" "x $(meets_le "$d" 1.2)"
+        cpu_rows store1000 "store 1000 (key form) vs MSET 1000" 1.5
+        cpu_rows storeipc "store ipc 128x8 vs MSET 1024" 3
+        cpu_rows lookup1000 "lookup 1000 (key form) vs MGET 1000" 1.3
+        cpu_rows lookupipc "lookup ipc 128x8 vs MGET 1024" 2.5
     else
         echo "redis-server did not start (reference missing)"; cat "$TMP/redis.log" 2>/dev/null
     fi
     stop_pid "$RPID"
 else
-    echo "redis-server/redis-cli not installed: no listing reference (install redis-server redis-tools)"
+    echo "redis-server/redis-cli not installed: no server CPU reference (install redis-server redis-tools)"
+fi
+stop_pid "$KPID"
+
+# ---------------------------------------------------------------- 4b. trace replay
+# The Mooncake synthetic trace (../shared/traces beside the repository),
+# replayed in order with world size 8 against a fresh kvidxd (ipc-form
+# lookup, then an ipc-form store of the chunks after the hit prefix) and a
+# fresh Redis (MGET of the chunks x 8 keys, then MSET of the misses). Both
+# must find the same hit chunks: the bench fails otherwise.
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TRACE=${BENCH_TRACE:-$ROOT/../shared/traces/mooncake_synthetic_trace.jsonl}
+if [ ! -r "$TRACE" ]; then
+    echo "trace replay: $TRACE is missing (the traces live in ../shared/traces beside the repository)" >&2
+    FAILED="$FAILED trace-missing"
+elif have redis-server; then
+    say "trace replay: $(wc -l <"$TRACE") requests of $TRACE, world size 8"
+    start_kvidxd
+    $CLI timeout 600 "$B/bench_cpu" trace kvidx "$KPORT" "$KPID" "$TRACE" 8 | tee "$TMP/trk.txt" ||
+        echo "bench_cpu trace kvidx failed"
+    stop_pid "$KPID"
+    RPORT=$(free_port 6)
+    $SRV redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+        --dir "$TMP" --logfile "$TMP/redis-trace.log" >/dev/null 2>&1 &
+    RPID=$!
+    PIDS="$PIDS $RPID"
+    if wait_port "$RPORT"; then
+        $CLI timeout 600 "$B/bench_cpu" trace redis "$RPORT" "$RPID" "$TRACE" 8 | tee "$TMP/trr.txt" ||
+            echo "bench_cpu trace redis failed"
+    fi
+    stop_pid "$RPID"
+    hk=$(val trace_kvidx_hit_chunks "$TMP/trk.txt"); hr=$(val trace_redis_hit_chunks "$TMP/trr.txt")
+    row "TRACE kvidx server CPU per request" "$(val trace_kvidx_cpu_us "$TMP/trk.txt")" "us (wall $(val trace_kvidx_wall_us "$TMP/trk.txt") us)"
+    row "TRACE redis server CPU per request" "$(val trace_redis_cpu_us "$TMP/trr.txt")" "us (wall $(val trace_redis_wall_us "$TMP/trr.txt") us)"
+    r=$(ratio "$(val trace_redis_cpu_us "$TMP/trr.txt")" "$(val trace_kvidx_cpu_us "$TMP/trk.txt")")
+    row "TRACE redis/kvidx CPU (target>=2)" "$r" "x $(meets "$r" 2)"
+    row "TRACE hit chunks kvidx / redis" "$hk / $hr" "$([ -n "$hk" ] && [ "$hk" = "$hr" ] && echo "equal" || echo "DIFFER")"
+    row "TRACE resident bytes per key kvidx" "$(val trace_kvidx_rss_per_key "$TMP/trk.txt")" "bytes/key ($(val trace_kvidx_keys "$TMP/trk.txt") keys, 8-byte hashes)"
+    row "TRACE resident bytes per key redis" "$(val trace_redis_rss_per_key "$TMP/trr.txt")" "bytes/key ($(val trace_redis_keys "$TMP/trr.txt") keys)"
+    if [ -z "$hk" ] || [ "$hk" != "$hr" ]; then
+        echo "trace replay: kvidx found ${hk:-?} hit chunks, Redis ${hr:-?}: the answers differ" >&2
+        FAILED="$FAILED trace-hits"
+    fi
 fi
 
 # ---------------------------------------------------------------- 5. lookup and prefetch (issue 5)
@@ -407,3 +462,7 @@ echo "machine: nproc=$NPROC, $(awk -F': ' '/model name/ { print $2; exit }' /pro
 echo "pinning: $([ "$PIN" = 1 ] && echo 'servers CPU 0, clients CPU 1' || echo none); best of $REPS alternating rounds for GET and LIST"
 printf '%-44s %16s  %s\n' "figure" "value" "unit"
 cat "$SUMMARY"
+if [ -n "$FAILED" ]; then
+    echo "bench FAILED:$FAILED" >&2
+    exit 1
+fi
