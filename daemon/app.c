@@ -8,6 +8,7 @@
 #include "app.h"
 
 #include "util/context.h"
+#include "state/auth.h"
 #include "state/fleet.h"
 #include "state/keystore.h"
 #include "state/layouts.h"
@@ -141,6 +142,11 @@ int subsystems_init(struct app *app)
      * /readyz cannot answer 200 and READY=1 is not sent until it is done. */
     if (rc == 0)
         rc = persist_open(app);
+    /* The tokens file's quotas apply to what was restored (replaying the
+     * journal is never refused for a quota). A file that cannot be used
+     * is a configuration error: exit status 2. */
+    if (rc == 0 && (rc = auth_init(app)) == KVIDX_EINVAL)
+        app->exit_status = 2;
     if (rc == 0)
         rc = sources_open(app);
     if (rc == 0)
@@ -157,6 +163,7 @@ int subsystems_init(struct app *app)
         persist_stop(app);
         fleet_stop(app);
         fleet_free(app);
+        auth_free(app);
         keystore_free(app);
         metrics_unregister(app->metrics, app_gauges, app);
         layouts_free(app->layouts);
@@ -167,6 +174,7 @@ int subsystems_init(struct app *app)
 
 void subsystems_reload(struct app *app)
 {
+    auth_reload(app);
     prefetches_reload(app);
     fleet_reload(app);
 }
@@ -185,6 +193,7 @@ void subsystems_free(struct app *app)
     sources_free(app);
     persist_free(app);
     fleet_free(app);
+    auth_free(app);
     keystore_free(app);
     metrics_unregister(app->metrics, app_gauges, app);
     layouts_free(app->layouts);

@@ -304,7 +304,20 @@ int main(int argc, char **argv)
     }
 
     struct server *srv = NULL;
-    if (server_start(&d->app, &srv, d->bound, sizeof(d->bound)) < 0) {
+    int refused = 0;
+    rc = server_start(&d->app, &srv, d->bound, sizeof(d->bound));
+    /* config_check refused a non-loopback listen without auth; a socket
+     * from systemd is held to the same rule, on the address it has. */
+    if (rc == 0 && !d->app.cfg.auth_tokens_file[0] && !d->app.cfg.allow_unauthenticated_remote &&
+        !config_is_loopback(d->bound)) {
+        log_error("listening on %s, not a loopback address, with auth off: set auth_tokens_file "
+                  "to require bearer tokens, or allow_unauthenticated_remote = yes to serve every "
+                  "client without them",
+                  d->bound);
+        server_close(srv);
+        refused = 1;
+    }
+    if (rc < 0 || refused) {
         int left = 0;
         subsystems_stop(&d->app);
         uv_walk(&d->loop, close_any, &left);
@@ -312,7 +325,7 @@ int main(int argc, char **argv)
         uv_loop_close(&d->loop);
         subsystems_free(&d->app);
         metrics_free(d->app.metrics);
-        return 1;
+        return refused ? 2 : 1;
     }
     d->app.ready = 1;
     {

@@ -458,6 +458,7 @@ static void handle_free(kvidx_pft_t *t, kvidx_pft_handle_t *h)
     kvidx_pfh_close(&h->pfh, t->idx);
     kvidx_free(h->wait_);
     kvidx_free(h->ext_id);
+    kvidx_free(h->owner);
     kvidx_free(h);
 }
 
@@ -500,8 +501,9 @@ static int handle_new(kvidx_pft_t *t, const kvidx_pft_submit_t *s, kvidx_pft_han
     if (rc == 0) {
         h->wait_ = kvidx_calloc(s->n ? s->n : 1, sizeof(*h->wait_));
         h->ext_id = s->ext_id ? str_dup(s->ext_id) : NULL;
-        if (!h->wait_ || (s->ext_id && !h->ext_id) || map_reserve(&t->handles) != 0 ||
-            heap_reserve(t) != 0)
+        h->owner = s->owner ? str_dup(s->owner) : NULL;
+        if (!h->wait_ || (s->ext_id && !h->ext_id) || (s->owner && !h->owner) ||
+            map_reserve(&t->handles) != 0 || heap_reserve(t) != 0)
             rc = KVIDX_ENOMEM;
     }
     if (rc == 0)
@@ -510,6 +512,7 @@ static int handle_new(kvidx_pft_t *t, const kvidx_pft_submit_t *s, kvidx_pft_han
         if (h) {
             kvidx_free(h->wait_);
             kvidx_free(h->ext_id);
+            kvidx_free(h->owner);
         }
         kvidx_free(h);
         return rc;

@@ -378,10 +378,10 @@ static int api_dir_score(const struct request *req, struct response *res)
 }
 
 const struct route directory_routes[] = {
-    {M_GET, "/directory/keys", api_dir_keys, "fleet_directory_keys"},
-    {M_POST, "/directory/lookup", api_dir_lookup, "fleet_directory_lookup"},
-    {M_GET, "/directory/stats", api_dir_stats, "fleet_directory_stats"},
-    {M_GET, "/directory/streams", api_dir_streams, "fleet_directory_streams"},
-    {M_POST, "/directory/score", api_dir_score, "fleet_directory_score"},
-    {0, NULL, NULL, NULL},
+    {M_GET, "/directory/keys", api_dir_keys, "fleet_directory_keys", ROUTE_READ},
+    {M_POST, "/directory/lookup", api_dir_lookup, "fleet_directory_lookup", ROUTE_READ},
+    {M_GET, "/directory/stats", api_dir_stats, "fleet_directory_stats", ROUTE_READ},
+    {M_GET, "/directory/streams", api_dir_streams, "fleet_directory_streams", ROUTE_READ},
+    {M_POST, "/directory/score", api_dir_score, "fleet_directory_score", ROUTE_READ},
+    {0, NULL, NULL, NULL, 0},
 };

@@ -317,6 +317,6 @@ out:
 }
 
 const struct route events_routes[] = {
-    {M_POST, "/events", api_events, "fleet_events"},
-    {0, NULL, NULL, NULL},
+    {M_POST, "/events", api_events, "fleet_events", ROUTE_WRITE},
+    {0, NULL, NULL, NULL, 0},
 };

@@ -9,12 +9,15 @@
  * Invariants: every problem with the body is listed (invalid_params) before
  * anything is answered; a key that breaks the key rules makes the answer
  * invalid_key, whatever else is wrong; member names, being request bytes,
- * are never echoed.
+ * are never echoed; for a lookup or a prefetch, the keys of a salt the
+ * request's token may not see are made absent (state/auth.h), after every
+ * check, so that they are answered as keys never stored.
  */
 #include "api/key_request.h"
 
 #include "util/context.h"
 #include "api/body.h"
+#include "state/auth.h"
 #include "util/json_read.h"
 #include "util/keyscan.h"
 
@@ -350,6 +353,10 @@ int key_request_parse(const struct request *req, struct response *res, enum key_
     if (rc != 0 && p.pe.n)
         param_errors_respond(&p.pe, res, p.key_errors ? KVIDX_EKEY : KVIDX_EINVAL,
                              "the request is not valid");
+    /* A lookup or a prefetch by a salt-bound token: another salt's keys
+     * are absent (a store is refused instead, by its handler). */
+    if (rc == 0 && kind != BODY_STORE)
+        auth_hide_keys(req, kr->keys, kr->n);
 out:
     param_errors_free(&p.pe);
     free(p.strs);

@@ -9,6 +9,7 @@
  */
 #include "api/api.h"
 #include "api/key_request.h"
+#include "state/auth.h"
 #include "state/keystore.h"
 
 #include "util/context.h"
@@ -163,6 +164,8 @@ static void store_items(const struct request *req, struct response *res, kvidx_t
                         const kvidx_put_t *items, size_t n)
 {
     size_t conflict = 0, stored = 0;
+    if (auth_forbid_keys(req, res, items, sizeof(*items), n) != 0)
+        return; /* a key of a salt the token may not write: nothing stored */
     int rc = kvidx_index_put_batch_count(ks_of(req)->idx, tier, items, n, &conflict, &stored);
     if (rc != 0) {
         answer_put_error(res, rc, conflict, n);
@@ -453,6 +456,8 @@ static int keys_delete(const struct request *req, struct response *res)
     }
     if (pe.n)
         goto invalid;
+    if (auth_forbid_keys(req, res, keys, sizeof(*keys), n) != 0)
+        goto out; /* a key of a salt the token may not write: nothing deleted */
     /* A key named twice is deleted and counted once, by what happened to
      * it: the counts add up to the number of distinct keys. */
     dup = malloc(n ? n : 1);
@@ -594,8 +599,9 @@ static int key_get(const struct request *req, struct response *res)
     kvidx_entry_info_t info;
     kvidx_key_t stored;
     kvidx_index_t *idx = ks_of(req)->idx;
-    if (kvidx_index_find(idx, &k, &ref) != 0 || kvidx_index_info(idx, ref, &info) != 0 ||
-        kvidx_index_key(idx, ref, &stored) != 0)
+    /* Another salt's key answers as a key never stored, byte for byte. */
+    if (!auth_sees_salt(req, k.salt, k.salt_len) || kvidx_index_find(idx, &k, &ref) != 0 ||
+        kvidx_index_info(idx, ref, &info) != 0 || kvidx_index_key(idx, ref, &stored) != 0)
         return res_problem(res, KVIDX_ENOTFOUND, "no such key", NULL, 0);
     struct jw w;
     jw_init(&w, &res->body);
@@ -700,6 +706,9 @@ static int key_delete(const struct request *req, struct response *res)
         force = 1;
     else if (rc != 0 && !(rc == 1 && (is_text(v, vn, "false") || is_text(v, vn, "0"))))
         return res_problem(res, KVIDX_EINVAL, "force must be true or false", NULL, 0);
+    /* Before looking: the same 403 whether the key exists or not. */
+    if (auth_forbid_keys(req, res, &k, sizeof(k), 1) != 0)
+        return 0;
 
     kvidx_index_t *idx = ks_of(req)->idx;
     kvidx_ref_t ref;
@@ -721,11 +730,11 @@ static int key_delete(const struct request *req, struct response *res)
 }
 
 const struct route key_routes[] = {
-    {M_PUT, "/v1/keys", keys_put, "keys_put"},
-    {M_DELETE, "/v1/keys", keys_delete, "keys_delete"},
+    {M_PUT, "/v1/keys", keys_put, "keys_put", ROUTE_WRITE},
+    {M_DELETE, "/v1/keys", keys_delete, "keys_delete", ROUTE_WRITE},
     /* '#': an encoded NUL reaches path_key, which answers invalid_key. */
-    {M_GET, "/v1/keys/#", key_get, "key_get"},
-    {M_PUT, "/v1/keys/#", key_put, "key_put"},
-    {M_DELETE, "/v1/keys/#", key_delete, "key_delete"},
-    {0, NULL, NULL, NULL},
+    {M_GET, "/v1/keys/#", key_get, "key_get", ROUTE_READ},
+    {M_PUT, "/v1/keys/#", key_put, "key_put", ROUTE_WRITE},
+    {M_DELETE, "/v1/keys/#", key_delete, "key_delete", ROUTE_WRITE},
+    {0, NULL, NULL, NULL, 0},
 };

@@ -124,8 +124,8 @@ static int layouts_delete(const struct request *req, struct response *res)
 }
 
 const struct route layout_routes[] = {
-    {M_PUT, "/v1/layouts", layouts_put, "layouts_put"},
-    {M_GET, "/v1/layouts", layouts_get, "layouts_get"},
-    {M_DELETE, "/v1/layouts", layouts_delete, "layouts_delete"},
-    {0, NULL, NULL, NULL},
+    {M_PUT, "/v1/layouts", layouts_put, "layouts_put", ROUTE_ADMIN},
+    {M_GET, "/v1/layouts", layouts_get, "layouts_get", ROUTE_READ},
+    {M_DELETE, "/v1/layouts", layouts_delete, "layouts_delete", ROUTE_ADMIN},
+    {0, NULL, NULL, NULL, 0},
 };

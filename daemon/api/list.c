@@ -10,6 +10,7 @@
  * that produced it (a digest of the query) and to the secret that signed it.
  */
 #include "api/api.h"
+#include "state/auth.h"
 #include "state/keystore.h"
 
 #include "util/context.h"
@@ -46,6 +47,9 @@ static int keys_list(const struct request *req, struct response *res)
         res_problem(res, rc, "invalid listing query", &p, 1);
         goto out;
     }
+    /* A salt-bound token lists its salt only, and its page tokens carry
+     * that salt in their digest; another salt's listing is empty. */
+    int hidden = auth_list_scope(req, q);
     uint8_t digest[KVIDX_LIST_DIGEST_LEN];
     kvidx_list_query_digest(q, digest);
     uint64_t now_s = (uint64_t)time(NULL);
@@ -85,8 +89,9 @@ static int keys_list(const struct request *req, struct response *res)
         goto oom;
     size_t count = 0;
     int more = 0;
-    rc = kvidx_index_list(ks->idx, &f, after, page, 10 * page + 1000, refs, &count, resume, &more,
-                          NULL);
+    rc = hidden ? 0
+                : kvidx_index_list(ks->idx, &f, after, page, 10 * page + 1000, refs, &count, resume,
+                                   &more, NULL);
     if (rc != 0) {
         res_problem(res, rc, "listing failed", NULL, 0);
         goto out;
@@ -140,6 +145,6 @@ out:
 }
 
 const struct route list_routes[] = {
-    {M_GET, "/v1/keys", keys_list, "keys_list"},
-    {0, NULL, NULL, NULL},
+    {M_GET, "/v1/keys", keys_list, "keys_list", ROUTE_READ},
+    {0, NULL, NULL, NULL, 0},
 };

@@ -9,7 +9,10 @@
  * (kvidx/prefetch_table.h, through state/prefetches.h). Invariants: a
  * report is checked whole before any load of it finishes (nothing changes
  * on a 400); a load named twice counts once, as its first mention says;
- * with the catalog loader no task is listed (they finish on their own).
+ * with the catalog loader no task is listed (they finish on their own). A
+ * salt-bound token sees only the loads of its salt's keys: a task with
+ * none is not there for it, and another salt's load in a report is not a
+ * pending key of the task.
  */
 #include "api/api.h"
 
@@ -20,12 +23,44 @@
 
 #include "kvidx/err.h"
 #include "kvidx/prefetch_table.h"
+#include "kvidx/tokens.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+/* The key of the open load at position i of t, when p may see it: 0, or
+ * KVIDX_ENOTFOUND. */
+static int task_key(const kvidx_pft_task_t *t, size_t i, const kvidx_index_t *idx,
+                    const kvidx_principal_t *p, kvidx_ref_t *ref, kvidx_key_t *k)
+{
+    if (kvidx_pft_task_ref(t, i, ref) != 0 || kvidx_index_key(idx, *ref, k) != 0)
+        return KVIDX_ENOTFOUND;
+    return !p || kvidx_principal_sees_salt(p, k->salt, k->salt_len) ? 0 : KVIDX_ENOTFOUND;
+}
+
+/* 1 when p may see a load of t. */
+static int task_visible(const kvidx_pft_task_t *t, const kvidx_index_t *idx,
+                        const kvidx_principal_t *p)
+{
+    kvidx_ref_t ref;
+    kvidx_key_t k;
+    for (size_t i = 0; i < t->n; i++)
+        if (task_key(t, i, idx, p, &ref, &k) == 0)
+            return 1;
+    return 0;
+}
+
+/* 1 when a task p may see is open. */
+static int any_task(struct prefetches *pf, const kvidx_principal_t *p)
+{
+    for (const kvidx_pft_task_t *t = prefetches_tasks(pf); t; t = kvidx_pft_task_next(t))
+        if (!p || task_visible(t, prefetches_index(pf), p))
+            return 1;
+    return 0;
+}
+
 static void jw_task(struct jw *w, struct prefetches *pf, const kvidx_index_t *idx,
-                    const kvidx_pft_task_t *t)
+                    const kvidx_pft_task_t *t, const kvidx_principal_t *p)
 {
     jw_obj_begin(w);
     jw_key(w, "task");
@@ -40,8 +75,7 @@ static void jw_task(struct jw *w, struct prefetches *pf, const kvidx_index_t *id
         kvidx_ref_t ref;
         kvidx_key_t k;
         kvidx_entry_info_t info;
-        if (kvidx_pft_task_ref(t, i, &ref) != 0 || kvidx_index_key(idx, ref, &k) != 0 ||
-            kvidx_index_info(idx, ref, &info) != 0)
+        if (task_key(t, i, idx, p, &ref, &k) != 0 || kvidx_index_info(idx, ref, &info) != 0)
             continue;
         jw_obj_begin(w);
         jw_key(w, "index");
@@ -68,7 +102,8 @@ static void answer_loads(struct prefetches *pf, kvidx_pft_handle_t *h, struct re
     jw_key(&w, "tasks");
     jw_arr_begin(&w);
     for (const kvidx_pft_task_t *t = prefetches_tasks(pf); t; t = kvidx_pft_task_next(t))
-        jw_task(&w, pf, idx, t);
+        if (!res->principal || task_visible(t, idx, res->principal))
+            jw_task(&w, pf, idx, t, res->principal);
     jw_arr_end(&w);
     jw_obj_end(&w);
     if (res->body.failed) {
@@ -86,32 +121,33 @@ static int api_loads_get(const struct request *req, struct response *res)
     int given = 0;
     if (prefetches_poll_query(req, res, &given, &wait) != 0)
         return 0;
-    if (!prefetches_tasks(pf) && given && wait > 0 && prefetches_ready(pf) == 0)
+    if (!any_task(pf, req->principal) && given && wait > 0 && prefetches_ready(pf) == 0)
         return prefetches_poll(pf, NULL, res, wait, answer_loads);
     answer_loads(pf, NULL, res);
     return 0;
 }
 
 /* One item of loaded/failed: a task position or a key object. 0 with
- * *pos of an open load of t, or KVIDX_ENOTFOUND. */
+ * *pos of an open load of t that p may see, or KVIDX_ENOTFOUND. */
 static int task_item(const kvidx_pft_task_t *t, const cJSON *x, const kvidx_index_t *idx,
-                     size_t *pos)
+                     const kvidx_principal_t *p, size_t *pos)
 {
     kvidx_ref_t ref;
+    kvidx_key_t lk;
     if (cJSON_IsNumber(x)) {
         uint64_t v;
-        if (json_uint(x, 0, (double)UINT32_MAX, &v) != 0 || kvidx_pft_task_ref(t, v, &ref) != 0)
+        if (json_uint(x, 0, (double)UINT32_MAX, &v) != 0 ||
+            task_key(t, (size_t)v, idx, p, &ref, &lk) != 0)
             return KVIDX_ENOTFOUND;
         *pos = (size_t)v;
         return 0;
     }
-    kvidx_key_t k, lk;
+    kvidx_key_t k;
     kvidx_reason_t why;
     if (json_to_key(x, &k, &why) != 0)
         return KVIDX_ENOTFOUND;
     for (size_t i = 0; i < t->n; i++) {
-        if (kvidx_pft_task_ref(t, i, &ref) == 0 && kvidx_index_key(idx, ref, &lk) == 0 &&
-            kvidx_key_equal(&lk, &k)) {
+        if (task_key(t, i, idx, p, &ref, &lk) == 0 && kvidx_key_equal(&lk, &k)) {
             *pos = i;
             return 0;
         }
@@ -132,7 +168,7 @@ static const char *const list_names[2] = {"loaded", "failed"};
 /* Checks the whole report against t and collects its positions: 0, or the
  * code of the 400 (or 503) answered. */
 static int parse_report(const cJSON *body, const kvidx_pft_task_t *t, const kvidx_index_t *idx,
-                        struct report *r, struct response *res)
+                        const kvidx_principal_t *p, struct report *r, struct response *res)
 {
     struct param_errors pe;
     param_errors_init(&pe);
@@ -155,7 +191,7 @@ static int parse_report(const cJSON *body, const kvidx_pft_task_t *t, const kvid
         size_t j = 0, pos;
         for (const cJSON *x = r->lists[which] ? r->lists[which]->child : NULL; x;
              x = x->next, j++, items++)
-            if (task_item(t, x, idx, &pos) != 0)
+            if (task_item(t, x, idx, p, &pos) != 0)
                 param_errors_add(&pe, "not a pending key of this task", "%s[%zu]",
                                  list_names[which], j);
     }
@@ -174,7 +210,7 @@ static int parse_report(const cJSON *body, const kvidx_pft_task_t *t, const kvid
     for (int which = 0; which < 2; which++) {
         for (const cJSON *x = r->lists[which] ? r->lists[which]->child : NULL; x; x = x->next) {
             size_t pos = 0, d = 0;
-            task_item(t, x, idx, &pos);
+            task_item(t, x, idx, p, &pos);
             while (d < r->n && r->pos[d] != pos)
                 d++;
             if (d < r->n)
@@ -201,12 +237,14 @@ static int api_loads_post(const struct request *req, struct response *res)
         kvidx_pft_parse_id(req->route_param, req->route_param_len, &id, &used) == 0 &&
         used == req->route_param_len)
         t = prefetches_task(pf, id);
+    if (t && req->principal && !task_visible(t, prefetches_index(pf), req->principal))
+        t = NULL; /* another salt's: not there for this token */
     if (!t) {
         res_problem(res, KVIDX_ENOTFOUND, "no such load task (finished or timed out?)", NULL, 0);
         goto out;
     }
     if (json_parse_body(req, res, &body) != 0 ||
-        parse_report(body, t, prefetches_index(pf), &r, res) != 0)
+        parse_report(body, t, prefetches_index(pf), req->principal, &r, res) != 0)
         goto out;
     size_t loaded = 0, failed = 0;
     /* By id: finishing the last load forgets the task. */
@@ -237,7 +275,7 @@ out:
 }
 
 const struct route load_routes[] = {
-    {M_GET, "/v1/loads", api_loads_get, "loads_get"},
-    {M_POST, "/v1/loads/*", api_loads_post, "loads_post"},
-    {0, NULL, NULL, NULL},
+    {M_GET, "/v1/loads", api_loads_get, "loads_get", ROUTE_READ},
+    {M_POST, "/v1/loads/*", api_loads_post, "loads_post", ROUTE_WRITE},
+    {0, NULL, NULL, NULL, 0},
 };

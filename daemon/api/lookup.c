@@ -138,6 +138,6 @@ out:
 }
 
 const struct route lookup_routes[] = {
-    {M_POST, "/v1/lookup", api_lookup, "lookup"},
-    {0, NULL, NULL, NULL},
+    {M_POST, "/v1/lookup", api_lookup, "lookup", ROUTE_READ},
+    {0, NULL, NULL, NULL, 0},
 };

@@ -6,7 +6,9 @@
  *     GET /readyz     200 {"status":"ready"}, or 503 not_ready until the
  *                     daemon is restored and listening, and while draining
  *     GET /metrics    Prometheus text 0.0.4
- *     GET /v1/stats   uptime, connections, requests, version (JSON)
+ *     GET /v1/stats   uptime, connections, requests, version, keys (JSON);
+ *                     with tokens on, every salt's figures for admin, and
+ *                     only its own salt's for a salt-bound token
  *     GET /v1/limits  every limit of §5 as configured now (JSON)
  *
  * Invariants: these handlers read state and change none; they never fail
@@ -15,6 +17,7 @@
  * the request, so it shows what a SIGHUP reload put in force.
  */
 #include "api/api.h"
+#include "state/auth.h"
 #include "util/context.h"
 #include "state/keystore.h"
 #include "util/json_write.h"
@@ -89,7 +92,10 @@ static int h_stats(const struct request *req, struct response *res)
     jw_key(&w, "total");
     jw_u64(&w, t.requests);
     jw_obj_end(&w);
-    if (app->keystore) {
+    /* A salt-bound token sees its own salt's figures only. */
+    const char *own;
+    size_t own_len;
+    if (app->keystore && !auth_bound_salt(req, &own, &own_len)) {
         kvidx_index_stats_t st;
         kvidx_index_stats(app->keystore->idx, &st);
         jw_key(&w, "keys");
@@ -130,6 +136,7 @@ static int h_stats(const struct request *req, struct response *res)
         jw_key(&w, "namespaces");
         jw_u64(&w, st.namespaces);
     }
+    auth_write_salt_stats(req, &w);
     jw_key(&w, "sources");
     sources_stats(app, &w);
     jw_obj_end(&w);
@@ -180,7 +187,10 @@ static int h_limits(const struct request *req, struct response *res)
 }
 
 const struct route ops_routes[] = {
-    {M_GET, "/livez", h_livez, "livez"},       {M_GET, "/readyz", h_readyz, "readyz"},
-    {M_GET, "/metrics", h_metrics, "metrics"}, {M_GET, "/v1/stats", h_stats, "stats"},
-    {M_GET, "/v1/limits", h_limits, "limits"}, {0, NULL, NULL, NULL},
+    {M_GET, "/livez", h_livez, "livez", ROUTE_OPEN},
+    {M_GET, "/readyz", h_readyz, "readyz", ROUTE_OPEN},
+    {M_GET, "/metrics", h_metrics, "metrics", ROUTE_READ},
+    {M_GET, "/v1/stats", h_stats, "stats", ROUTE_READ},
+    {M_GET, "/v1/limits", h_limits, "limits", ROUTE_READ},
+    {0, NULL, NULL, NULL, 0},
 };

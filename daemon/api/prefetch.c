@@ -8,11 +8,14 @@
  * state/prefetches.h). Invariants: bad input answers problem+json and
  * changes nothing; a release is all or nothing, with every bad index
  * listed; an expired handle answers 410 until its grace period ends, then
- * 404 like an id that never was.
+ * 404 like an id that never was. A handle belongs to the salt of the
+ * token that made it: to a token bound to another salt it is 404, like an
+ * id that never was, whatever its state.
  */
 #include "api/api.h"
 #include "api/key_request.h"
 
+#include "state/auth.h"
 #include "state/prefetches.h"
 #include "util/context.h"
 #include "api/body.h"
@@ -201,7 +204,23 @@ static int parse_options(const struct request *req, struct response *res,
     s->keys = kr->keys;
     s->n = kr->n;
     s->ipc = kr->is_ipc ? &kr->shape : NULL;
+    /* Made by a salt-bound token: the handle is that salt's (a salt holds
+     * no NUL, so the owner is the salt's text). */
+    const char *salt;
+    size_t salt_len;
+    s->owner = auth_bound_salt(req, &salt, &salt_len) ? salt : NULL;
     return rc;
+}
+
+/* 1 when the request may see handle h: any handle without a salt-bound
+ * token, else only the handles of its salt. */
+static int may_see(const struct request *req, const kvidx_pft_handle_t *h)
+{
+    const char *salt;
+    size_t salt_len;
+    if (!auth_bound_salt(req, &salt, &salt_len))
+        return 1;
+    return h->owner && strlen(h->owner) == salt_len && memcmp(h->owner, salt, salt_len) == 0;
 }
 
 static int api_prefetch_create(const struct request *req, struct response *res)
@@ -257,6 +276,10 @@ static int find_handle(const struct request *req, struct response *res, const ch
         return KVIDX_ENOTFOUND;
     }
     int rc = kvidx_pft_find(prefetches_table(pf_of(req)), id, out);
+    if (*out && !may_see(req, *out)) {
+        *out = NULL;
+        rc = KVIDX_ENOTFOUND;
+    }
     if (rc == KVIDX_ENOTFOUND)
         res_problemf(res, rc, "no prefetch handle %" PRIu64, id);
     else if (rc == KVIDX_EHANDLEEXPIRED)
@@ -282,8 +305,15 @@ static int api_prefetch_delete(const struct request *req, struct response *res)
 {
     uint64_t id;
     const char *suffix;
-    /* Idempotent: a released, expired or forgotten handle holds no pin. */
-    if (parse_id(req, &id, &suffix) != 0 || suffix[0] || prefetches_delete(pf_of(req), id) != 0)
+    /* Idempotent: a released, expired or forgotten handle holds no pin.
+     * Another salt's handle is not there for this request. */
+    kvidx_pft_handle_t *h = NULL;
+    int ok = parse_id(req, &id, &suffix) == 0 && !suffix[0];
+    if (ok) {
+        kvidx_pft_find(prefetches_table(pf_of(req)), id, &h);
+        ok = (!h || may_see(req, h)) && prefetches_delete(pf_of(req), id) == 0;
+    }
+    if (!ok)
         return res_problem(res, KVIDX_ENOTFOUND, "no such prefetch handle", NULL, 0);
     res->status = 204;
     return 0;
@@ -445,9 +475,9 @@ static int api_prefetch_post(const struct request *req, struct response *res)
 }
 
 const struct route prefetch_routes[] = {
-    {M_POST, "/v1/prefetches", api_prefetch_create, "prefetches_create"},
-    {M_GET, "/v1/prefetches/*", api_prefetch_get, "prefetches_get"},
-    {M_DELETE, "/v1/prefetches/*", api_prefetch_delete, "prefetches_delete"},
-    {M_POST, "/v1/prefetches/*", api_prefetch_post, "prefetches_post"},
-    {0, NULL, NULL, NULL},
+    {M_POST, "/v1/prefetches", api_prefetch_create, "prefetches_create", ROUTE_WRITE},
+    {M_GET, "/v1/prefetches/*", api_prefetch_get, "prefetches_get", ROUTE_READ},
+    {M_DELETE, "/v1/prefetches/*", api_prefetch_delete, "prefetches_delete", ROUTE_WRITE},
+    {M_POST, "/v1/prefetches/*", api_prefetch_post, "prefetches_post", ROUTE_WRITE},
+    {0, NULL, NULL, NULL, 0},
 };

@@ -17,6 +17,8 @@
 #include "util/json_write.h"
 #include "util/params.h"
 
+#include "kvidx/tokens.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,6 +48,12 @@ struct request {
      * answers 500 for a '*' route). */
     char *scratch;
     size_t scratch_cap;
+    /* What the request's bearer token grants: set by the router's access
+     * check (net/router.h) to principal_buf, NULL when tokens are off or
+     * the route is open; then nothing is restricted. Handlers that filter
+     * by salt ask state/auth.h. */
+    const kvidx_principal_t *principal;
+    kvidx_principal_t principal_buf;
 };
 
 #define HANDLER_ASYNC     1
@@ -60,6 +68,9 @@ struct response {
     char extra_headers[RES_EXTRA_HEADERS]; /* "Name: value\r\n" lines */
     size_t extra_len;
     int close; /* close the connection after this answer */
+    /* The request's principal (the router copies req->principal), for an
+     * answer written after the handler returned (a long poll). */
+    const kvidx_principal_t *principal;
     /* private to the server */
     int deferred;
     int done;

@@ -5,6 +5,12 @@
  * knows no handler by name.
  *
  * Rules kept here, centrally, so that no handler has to repeat them:
+ *   - the access check (router_use_guard) runs once per request, before
+ *     anything else is answered, unless the path is an open route's: a
+ *     request without a valid token gets 401 whether its path exists or
+ *     not, one whose token's role is below the route's access 403; no
+ *     handler checks roles. req->principal is reset for every request
+ *     and set only by the check;
  *   - unknown path → 404 not_found; known path, other method → 405
  *     method_not_allowed with an Allow header (GET implies HEAD);
  *   - HEAD runs the GET handler (the server drops the body);
@@ -24,10 +30,18 @@
 
 static const struct route *const no_tables[] = {NULL};
 static const struct route *const *tables = no_tables;
+static route_guard_fn guard;
+static void *guard_ctx;
 
 void router_use_tables(const struct route *const *t)
 {
     tables = t ? t : no_tables;
+}
+
+void router_use_guard(route_guard_fn fn, void *ctx)
+{
+    guard = fn;
+    guard_ctx = ctx;
 }
 
 static const char *const method_names[M_COUNT] = {"GET", "HEAD", "PUT", "POST", "DELETE", "OTHER"};
@@ -74,10 +88,13 @@ int router_dispatch(struct request *req, struct response *res, const char **rout
     const char *wild = NULL;
     size_t wild_len = 0;
     unsigned allowed = 0; /* bit per enum http_method */
+    int open_path = 0;    /* an open route has this path */
     enum http_method want = req->method;
 
     if (route_name)
         *route_name = "unknown";
+    req->principal = NULL;
+    res->principal = NULL;
     for (size_t t = 0; tables[t] && !found; t++) {
         for (const struct route *r = tables[t]; r->pattern; r++) {
             const char *w;
@@ -85,6 +102,7 @@ int router_dispatch(struct request *req, struct response *res, const char **rout
             if (!match(r->pattern, req->path, req->path_len, &w, &wl))
                 continue;
             allowed |= 1u << r->method;
+            open_path |= r->access == ROUTE_OPEN;
             if (r->method == M_GET)
                 allowed |= 1u << M_HEAD;
             if (r->method == want) {
@@ -107,6 +125,13 @@ int router_dispatch(struct request *req, struct response *res, const char **rout
             }
         }
     }
+    if (route_name && found)
+        *route_name = found->name ? found->name : "unknown";
+    if (guard && !open_path) {
+        if (guard(guard_ctx, req, res, found) != 0)
+            return 0;
+        res->principal = req->principal;
+    }
     if (!found) {
         if (!allowed)
             return res_problem(res, KVIDX_ENOTFOUND, "No such resource.", NULL, 0);
@@ -122,8 +147,6 @@ int router_dispatch(struct request *req, struct response *res, const char **rout
         res_header(res, "Allow", allow);
         return 0;
     }
-    if (route_name)
-        *route_name = found->name ? found->name : "unknown";
     if ((req->method == M_PUT || req->method == M_POST) && req->body_len > 0 &&
         !is_json_type(req->content_type))
         return res_problem(res, KVIDX_EMEDIATYPE, "Request bodies must be application/json.", NULL,

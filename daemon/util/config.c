@@ -93,6 +93,11 @@ _Static_assert(FSYNC_EVERYSEC == 1 && LOG_DEBUG == 3 && LOG_JSON == 1 && LOADER_
 static const struct setting settings[] = {
     HOSTPORT(listen, "127.0.0.1:8077", 0,
              "address to serve HTTP on, IPv4:port or [IPv6]:port; port 0 picks a free port"),
+    STR(auth_tokens_file, "", 0,
+        "file of bearer tokens (<token> <role> [salt=...] [quota_bytes=...] a line), re-read on "
+        "SIGHUP; empty: no auth"),
+    ENUM(allow_unauthenticated_remote, "no", yesno_choices, 0,
+         "yes lets a non-loopback listen address run without auth_tokens_file"),
     STR(data_dir, "", 0,
         "directory for the snapshot and journal; empty keeps everything in memory"),
     ENUM(fsync, "everysec", fsync_choices, 0,
@@ -432,8 +437,45 @@ static int check_l2_source(const char *v, char *err, size_t errlen)
     return 0;
 }
 
+int config_is_loopback(const char *hostport)
+{
+    char host[64];
+    const char *colon = strrchr(hostport, ':');
+    size_t hl = colon ? (size_t)(colon - hostport) : strlen(hostport);
+    const char *h = hostport;
+    if (h[0] == '[' && hl >= 2 && h[hl - 1] == ']') {
+        h++;
+        hl -= 2;
+    }
+    if (hl >= sizeof(host))
+        return 0;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    unsigned char a[16];
+    if (inet_pton(AF_INET, host, a) == 1)
+        return a[0] == 127;
+    if (inet_pton(AF_INET6, host, a) != 1)
+        return 0;
+    static const unsigned char v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (memcmp(a, v4mapped, 12) == 0)
+        return a[12] == 127;
+    for (int i = 0; i < 15; i++)
+        if (a[i])
+            return 0;
+    return a[15] == 1;
+}
+
 int config_check(const struct config *c, char *err, size_t errlen)
 {
+    /* Safe defaults: nobody off this machine reaches an unauthenticated
+     * daemon unless the configuration says so in as many words. */
+    if (!c->auth_tokens_file[0] && !c->allow_unauthenticated_remote &&
+        !config_is_loopback(c->listen))
+        return fail(err, errlen,
+                    "listen = %s is not a loopback address and auth is off: set "
+                    "auth_tokens_file to require bearer tokens, or allow_unauthenticated_remote = "
+                    "yes to serve every client without them",
+                    c->listen);
     if (c->default_lease_ms > c->max_lease_ms)
         return fail(err, errlen, "default_lease_ms (%llu) is larger than max_lease_ms (%llu)",
                     (unsigned long long)c->default_lease_ms, (unsigned long long)c->max_lease_ms);

@@ -17,7 +17,9 @@ enum loader_kind { LOADER_CATALOG = 0, LOADER_EXTERNAL };
 enum retention { RETENTION_TEMPORARY = 0, RETENTION_RETAIN };
 
 struct config {
-    char listen[256]; /* host:port */
+    char listen[256];                 /* host:port */
+    char auth_tokens_file[1024];      /* bearer tokens; "" = auth off */
+    int allow_unauthenticated_remote; /* 1: a non-loopback listen may run without tokens */
     char data_dir[1024];
     enum fsync_policy fsync;
     uint64_t snapshot_journal_bytes; /* journal size that triggers a snapshot */
@@ -67,6 +69,9 @@ int config_load_file(struct config *c, const char *path, char *err, size_t errle
  * called once the file and every --set have been applied. Returns 0 or
  * KVIDX_EINVAL with a message naming the settings. */
 int config_check(const struct config *c, char *err, size_t errlen);
+/* 1 when the host of a "host:port" address is a loopback address
+ * (127.0.0.0/8, ::1, or ::ffff:127.x.y.z). */
+int config_is_loopback(const char *hostport);
 /* 1 when the setting may change on SIGHUP. */
 int config_reloadable(const char *name);
 /* Calls fn for every setting whose value differs between a and b (name, old, new as text). */

@@ -18,6 +18,7 @@ struct prefetches; /* state/prefetches.c: handles, leases, loads (lib's prefetch
 struct layouts;    /* state/layouts.c: MemoryLayoutDesc registry */
 struct persist;    /* state/persist/: journal and snapshots */
 struct sources;    /* state/sources.c: the outside stores that report L2 copies */
+struct auth;       /* state/auth.c: bearer tokens, the access check, salt quotas */
 struct fleet;      /* state/fleet.c: the fleet directory (LMCache coordinator surface) */
 
 struct app {
@@ -31,6 +32,7 @@ struct app {
     struct layouts *layouts;
     struct persist *persist; /* NULL without data_dir */
     struct sources *sources; /* NULL without l2_source */
+    struct auth *auth;       /* bearer tokens; its tokens are NULL when auth is off */
     struct fleet *fleet;
     int ready;               /* restored and listening: /readyz 200 */
     int draining;            /* shutting down: /readyz 503 */

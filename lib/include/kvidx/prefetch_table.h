@@ -74,6 +74,7 @@ typedef struct kvidx_pft_handle {
     kvidx_pfh_t pfh; /* status, pins, plan and result */
     int is_ipc;      /* submitted in the ipc form */
     char *ext_id;    /* the caller's request id, or NULL */
+    char *owner;     /* the caller's name of who made it (kvidx_pft_submit_t), or NULL */
     uint64_t submit_wall_ms;
     uint64_t expires_at; /* the lease end while live */
     uint64_t gone_at;    /* once ended: when the handle is forgotten */
@@ -136,6 +137,7 @@ typedef struct kvidx_pft_submit {
     uint32_t extra;                /* extra readers (LOOKUP), 0..127 */
     const kvidx_fold_shape_t *ipc; /* the ipc form's shape, or NULL (copied) */
     const char *ext_id;            /* copied; NULL for none */
+    const char *owner;             /* copied; NULL for none; the table never reads it */
     uint64_t lease_ms;
     int temporary;           /* LOOKUP's new L1 copies are temporary */
     uint64_t submit_wall_ms; /* reported back, not used */

@@ -111,7 +111,7 @@ Test(config, default_fields)
 Test(config, every_row_consistent)
 {
     size_t n = n_settings();
-    cr_assert_eq(n, 36, "one row per field of struct config");
+    cr_assert_eq(n, 38, "one row per field of struct config");
     struct config c;
     config_defaults(&c);
     for (size_t i = 0; i < n; i++) {
@@ -305,6 +305,47 @@ Test(config, check_lease_order)
     cr_assert_eq(config_check(&c, err, sizeof(err)), 0);
 }
 
+/* Safe defaults: a non-loopback listen address needs tokens, or the
+ * setting that says in as many words that it may run without them. */
+Test(config, remote_listen_needs_auth_or_consent)
+{
+    static const struct {
+        const char *listen;
+        int loopback;
+    } cases[] = {
+        {"127.0.0.1:8077", 1}, {"127.255.0.9:1", 1},
+        {"[::1]:8077", 1},     {"[::ffff:127.0.0.1]:80", 1},
+        {"0.0.0.0:8077", 0},   {"10.1.2.3:80", 0},
+        {"[::]:8077", 0},      {"[::ffff:10.0.0.1]:80", 0},
+        {"[fe80::1]:80", 0},   {"128.0.0.1:80", 0},
+    };
+    char err[512];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        cr_assert_eq(config_is_loopback(cases[i].listen), cases[i].loopback, "%s", cases[i].listen);
+        struct config c;
+        config_defaults(&c);
+        cr_assert_eq(config_set(&c, "listen", cases[i].listen, err, sizeof(err)), 0);
+        err[0] = '\0';
+        int rc = config_check(&c, err, sizeof(err));
+        cr_assert_eq(rc, cases[i].loopback ? 0 : KVIDX_EINVAL, "%s", cases[i].listen);
+        if (!cases[i].loopback) {
+            cr_assert(strstr(err, "allow_unauthenticated_remote = yes"), "%s", err);
+            cr_assert(strstr(err, "auth_tokens_file"), "%s", err);
+        }
+        struct config y = c, t = c;
+        cr_assert_eq(config_set(&y, "allow_unauthenticated_remote", "yes", err, sizeof(err)), 0);
+        cr_assert_eq(config_check(&y, err, sizeof(err)), 0, "%s", cases[i].listen);
+        cr_assert_eq(config_set(&t, "auth_tokens_file", "/etc/kvidx/tokens", err, sizeof(err)), 0);
+        cr_assert_eq(config_check(&t, err, sizeof(err)), 0, "%s", cases[i].listen);
+    }
+    struct config c;
+    config_defaults(&c);
+    cr_assert_eq(c.allow_unauthenticated_remote, 0);
+    cr_assert_str_eq(c.auth_tokens_file, "");
+    cr_assert_eq(config_set(&c, "allow_unauthenticated_remote", "true", err, sizeof(err)),
+                 KVIDX_EINVAL);
+}
+
 Test(config, l2_source_checked_and_passwords_never_shown)
 {
     struct config c;
@@ -349,6 +390,8 @@ Test(config, l2_source_checked_and_passwords_never_shown)
 Test(config, reloadable_flags)
 {
     static const char *const fixed[] = {"listen",
+                                        "auth_tokens_file",
+                                        "allow_unauthenticated_remote",
                                         "data_dir",
                                         "fsync",
                                         "loader",

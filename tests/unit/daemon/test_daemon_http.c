@@ -88,15 +88,15 @@ static int h_async(const struct request *req, struct response *res)
 }
 
 static const struct route test_routes[] = {
-    {M_GET, "/hello", h_hello, "hello"},
-    {M_POST, "/echo", h_echo, "echo"},
-    {M_PUT, "/echo", h_echo, "echo"},
-    {M_GET, "/item/*", h_param, "item"},
-    {M_DELETE, "/item/*", h_nocontent, "item_delete"},
-    {M_GET, "/async", h_async, "async"},
-    {M_GET, "/auth", h_auth, "auth"},
-    {M_POST, "/auth", h_auth, "auth"},
-    {0, NULL, NULL, NULL},
+    {M_GET, "/hello", h_hello, "hello", ROUTE_READ},
+    {M_POST, "/echo", h_echo, "echo", ROUTE_READ},
+    {M_PUT, "/echo", h_echo, "echo", ROUTE_READ},
+    {M_GET, "/item/*", h_param, "item", ROUTE_READ},
+    {M_DELETE, "/item/*", h_nocontent, "item_delete", ROUTE_READ},
+    {M_GET, "/async", h_async, "async", ROUTE_READ},
+    {M_GET, "/auth", h_auth, "auth", ROUTE_READ},
+    {M_POST, "/auth", h_auth, "auth", ROUTE_READ},
+    {0, NULL, NULL, NULL, 0},
 };
 static const struct route *const test_tables[] = {test_routes, NULL};
 
