@@ -1,7 +1,7 @@
 """Redis/Valkey servers and a RESP client for the source tests (stdlib only).
 
 * ``RedisServer(args=(), port=None)``: a ``redis-server`` of our own on a
-  free 127.0.0.1 port with a fresh temp dir, ``--save "" --appendonly no``
+  free 127.0.0.1 port (``free_cluster_port()`` for a cluster node) with a fresh temp dir, ``--save "" --appendonly no``
   unless ``args`` say otherwise; ``r.client()``; ``r.kill()`` (SIGKILL, by
   PID); ``r.restart(keep_dir=True)`` starts it again on the same port;
   ``r.stop()`` kills it and removes the dir (call it in tearDown). Never a
@@ -26,7 +26,7 @@ import time
 import urllib.parse
 
 __all__ = ["RedisServer", "Client", "RedisError", "keyspace", "kvidx_keys", "wait_until",
-           "lmc_key", "canonical", "free_port", "have_redis"]
+           "lmc_key", "canonical", "free_port", "free_cluster_port", "have_redis"]
 
 
 def have_redis():
@@ -39,6 +39,24 @@ def free_port():
     p = s.getsockname()[1]
     s.close()
     return p
+
+
+def free_cluster_port():
+    """A free port for a cluster node: at most 55535, since the node also
+    listens on its port + 10000 (the cluster bus), which must be free too."""
+    for _ in range(1000):
+        p = free_port()
+        if p > 55535:
+            continue
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", p + 10000))
+        except OSError:
+            continue
+        finally:
+            s.close()
+        return p
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 class RedisError(Exception):

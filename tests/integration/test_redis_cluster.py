@@ -13,8 +13,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from harness import Daemon  # noqa: E402
-from redis_helper import (Client, RedisError, RedisServer, have_redis,  # noqa: E402
-                          keyspace, kvidx_keys, lmc_key, wait_until)
+from redis_helper import (Client, RedisError, RedisServer, free_cluster_port,  # noqa: E402
+                          have_redis, keyspace, kvidx_keys, lmc_key, wait_until)
 
 DEADLINE = 30.0
 
@@ -88,11 +88,13 @@ class ClusterClient:
 @unittest.skipUnless(have_redis(), "redis-server/redis-cli not installed (scripts/deps.sh test)")
 class RedisClusterTest(unittest.TestCase):
     def setUp(self):
+        # A replica's first sync starts at once (no diskless-sync delay).
         args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
-                "--notify-keyspace-events", "AKE")
+                "--notify-keyspace-events", "AKE", "--repl-diskless-sync-delay", "0")
         self.servers = []
         for i in range(6):
-            r = RedisServer(args=args + ("--cluster-config-file", "nodes.conf"), name="cl%d" % i)
+            r = RedisServer(args=args + ("--cluster-config-file", "nodes.conf"),
+                            port=free_cluster_port(), name="cl%d" % i)
             self.servers.append(r)
         addrs = ["127.0.0.1:%d" % r.port for r in self.servers]
         out = subprocess.run(["redis-cli", "--cluster", "create"] + addrs +
@@ -102,6 +104,17 @@ class RedisClusterTest(unittest.TestCase):
         ports = [r.port for r in self.servers]
         wait_until(lambda: all(Client(p).cmd("CLUSTER", "INFO").find(b"cluster_state:ok") >= 0
                                for p in ports), 20, "cluster_state:ok")
+
+        # A replica that has never synced with its primary refuses to take
+        # over ("disconnected from master for longer than allowed"), so the
+        # failover below needs every replica's link up first.
+        def synced():
+            for p in ports:
+                info = Client(p).cmd("INFO", "replication")
+                if b"role:slave" in info and b"master_link_status:up" not in info:
+                    return False
+            return True
+        wait_until(synced, 20, "every replica synced")
         self.cc = ClusterClient(ports)
         self.daemons = []
 
@@ -119,6 +132,10 @@ class RedisClusterTest(unittest.TestCase):
         wait_until(lambda: d.request("GET", "/readyz").status == 200, DEADLINE, "first scans")
         return d
 
+    def slots_of(self, port):
+        """How many slots the primary on port serves, as the cluster says."""
+        return sum(1 for p in self.cc.map if p == port)
+
     def union(self):
         out = {}
         for p in self.cc.primaries():
@@ -135,8 +152,9 @@ class RedisClusterTest(unittest.TestCase):
             wait_until(same, DEADLINE, what, interval=0.2)
         except AssertionError:
             w, g = last.get("want", {}), last.get("got", {})
-            self.fail("%s: kvidx %d keys, cluster %d; missing %s extra %s" % (
-                what, len(g), len(w), sorted(set(w) - set(g))[:3], sorted(set(g) - set(w))[:3]))
+            self.fail("%s: kvidx %d keys, cluster %d; missing %s extra %s\nkvidxd log (end):\n%s" % (
+                what, len(g), len(w), sorted(set(w) - set(g))[:3], sorted(set(g) - set(w))[:3],
+                d.log()[-4000:]))
 
     def write(self, ids, size=64):
         for i in ids:
@@ -164,6 +182,7 @@ class RedisClusterTest(unittest.TestCase):
         for p in prim:
             ids[p] = Client(p).cmd("CLUSTER", "MYID").decode()
         src, dst = prim[0], prim[1]
+        slots_before = self.slots_of(dst)
         proc = subprocess.Popen(
             ["redis-cli", "--cluster", "reshard", "127.0.0.1:%d" % src, "--cluster-from", ids[src],
              "--cluster-to", ids[dst], "--cluster-slots", "500", "--cluster-yes"],
@@ -172,8 +191,10 @@ class RedisClusterTest(unittest.TestCase):
         while proc.poll() is None and n < 6000:
             self.write(range(n, n + 50))
             n += 50
-        proc.wait(60)
+        self.assertGreater(n, 2000, "no write while the slots moved")
+        self.assertEqual(proc.wait(60), 0, "redis-cli --cluster reshard failed")
         self.cc.refresh()
+        self.assertEqual(self.slots_of(dst), slots_before + 500, "the slots did not move")
         self.write(range(n, n + 100))
         self.converge(d1, "after resharding")
         self.converge(d2, "second daemon")
