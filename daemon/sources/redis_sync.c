@@ -10,7 +10,9 @@
  * is dropped, so a stale size or a stale "present" never overwrites a newer
  * change whatever order the two connections' bytes arrive in. A scan batch
  * is reported whole when its last STRLEN has answered, and the scan ends
- * when the last SCAN (cursor 0) and every batch are in. The flush check
+ * when the last SCAN (cursor 0) and every batch are in. On a cluster node
+ * every STRLEN is sent after ASKING, so that a key already in a slot the
+ * node is importing counts as the node's. The flush check
  * compares DBSIZE with the keys held only when the heartbeat published
  * after it has come back on the subscriber, i.e. once every event the
  * server sent before the DBSIZE has been applied.
@@ -159,7 +161,19 @@ static void on_strlen(redisAsyncContext *ac, void *reply, void *priv)
         deliver(b);
 }
 
-/* Registers and sends the STRLEN of every item of b. */
+static void on_asking(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct redis_node *n = priv;
+    (void)ac;
+    rn_cmd_reply(n, reply);
+}
+
+/* Registers and sends the STRLEN of every item of b. On a cluster node
+ * each STRLEN follows an ASKING: a node importing a slot holds the keys
+ * already moved to it (and those written to it meanwhile), yet answers
+ * MOVED for them without ASKING, which would report them gone until the
+ * migration ends, and no event comes for them then. ASKING changes
+ * nothing for a slot the node neither serves nor imports (still MOVED). */
 static void send_batch(struct redis_node *n, struct redis_batch *b)
 {
     b->remaining = b->count;
@@ -175,9 +189,11 @@ static void send_batch(struct redis_node *n, struct redis_batch *b)
             e->key = b->buf + it->off;
             e->a = it->token = ++n->next_token;
         }
+        const char *asking[1] = {"ASKING"};
         const char *argv[2] = {"STRLEN", b->buf + it->off};
         size_t lens[2] = {6, it->len};
-        if (rn_send_argv(n, n->cmd, on_strlen, it, 2, argv, lens) != 0) {
+        if ((n->cfg.cluster && rn_send_strs(n, n->cmd, on_asking, n, 1, asking) != 0) ||
+            rn_send_argv(n, n->cmd, on_strlen, it, 2, argv, lens) != 0) {
             it->size = SZ_LOST;
             if (--b->remaining == 0) {
                 deliver(b);
