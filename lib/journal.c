@@ -177,7 +177,8 @@ int kvidx_journal_header_decode(const uint8_t *p, size_t n, uint64_t *generation
  *      size u64, model, salt, hash
  * LAYOUT_PUT/DEL: type, world_size, model_len, model, [blob]
  * NS: type, model_len, salt_len, model, salt
- * SKEY: type, tiers, hash_len, group u16, rank u32, size u64, hash */
+ * SKEY: type, tiers, hash_len, group u16, rank u32, size u64, hash
+ * DIR: type, blob (1..KVIDX_JREC_DIR_BLOB_MAX bytes) */
 #define KEY_FIXED  19
 #define LAY_FIXED  3
 #define NS_FIXED   3
@@ -220,6 +221,10 @@ static size_t payload_size(const kvidx_jrec_t *r)
         if (r->blob_len > KVIDX_JREC_PAYLOAD_MAX - LAY_FIXED - KVIDX_MODEL_MAX)
             return 0;
         return LAY_FIXED + k->model_len + r->blob_len;
+    case KVIDX_JREC_DIR:
+        if (r->blob_len < 1 || r->blob_len > KVIDX_JREC_DIR_BLOB_MAX || !r->blob)
+            return 0;
+        return 1 + r->blob_len;
     default:
         return 0;
     }
@@ -264,6 +269,8 @@ int kvidx_jrec_encode(const kvidx_jrec_t *r, uint8_t *out, size_t cap, size_t *l
             memcpy(p, k->salt, k->salt_len);
         p += k->salt_len;
         memcpy(p, k->hash, k->hash_len);
+    } else if (r->type == KVIDX_JREC_DIR) {
+        memcpy(p + 1, r->blob, r->blob_len);
     } else {
         p[1] = r->world_size;
         p[2] = (uint8_t)k->model_len;
@@ -317,6 +324,12 @@ static int payload_decode(const uint8_t *p, size_t n, kvidx_jrec_t *rec)
             return KVIDX_EINVAL;
         if (p[0] == KVIDX_JREC_LAYOUT_DEL)
             rec->blob = NULL;
+        return 0;
+    case KVIDX_JREC_DIR:
+        if (n < 2)
+            return KVIDX_EINVAL;
+        rec->blob = p + 1;
+        rec->blob_len = n - 1;
         return 0;
     case KVIDX_JREC_NS:
         if (n < NS_FIXED)
@@ -397,6 +410,13 @@ int kvidx_snapshot_add(kvidx_snapshot_writer_t *w, const kvidx_jrec_t *r, uint8_
 {
     const kvidx_key_t *k = &r->key;
     size_t need, ns_len = 0;
+    if (r->type == KVIDX_JREC_DIR) {
+        int e = kvidx_jrec_encode(r, out, cap, len);
+        if (e)
+            return e;
+        w->crc = kvidx_crc32c(w->crc, out, *len);
+        return 0;
+    }
     if (r->type == KVIDX_JREC_LAYOUT_PUT) {
         size_t rc = kvidx_jrec_size(r);
         if (!rc)
@@ -572,6 +592,8 @@ int kvidx_snapshot_next(kvidx_snapshot_reader_t *r, kvidx_jrec_t *rec)
             rec->key.salt = r->salt;
             rec->key.salt_len = r->salt_len;
             r->nkeys++;
+            return 1;
+        case KVIDX_JREC_DIR:
             return 1;
         case KVIDX_JREC_LAYOUT_PUT:
             if (r->nlayouts == r->layouts)

@@ -27,6 +27,9 @@
 #include <string.h>
 
 #define U63 9223372036854775807.0
+/* Token ids of one entry: a chunk's (LMCache: 256). The bound keeps an
+ * entry inside one journal record. */
+#define EV_MAX_ENTRY_TOKENS 65536
 
 struct ev_req {
     kvidx_dir_batch_t *batches;
@@ -94,6 +97,11 @@ static int parse_entry(struct param_errors *pe, const cJSON *e, size_t bi, size_
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(e, "token_ids");
     if (toks && !cJSON_IsArray(toks)) {
         param_errors_add(pe, "must be an array", "%stoken_ids", where);
+        return -1;
+    }
+    if (toks && cJSON_GetArraySize(toks) > EV_MAX_ENTRY_TOKENS) {
+        param_errors_add(pe, "must hold at most 65536 token ids (one chunk's)", "%stoken_ids",
+                         where);
         return -1;
     }
     if (toks && toks->child) {

@@ -2,10 +2,12 @@
 emitters written the way LMCache's MP server emits store, access, delete,
 restart, time out, replay and skip; after every step /directory/keys and
 /directory/lookup must equal a reference model kept here. Also: the
-tokens form against hashes computed with b3sum, 422 rules and instances."""
+tokens form against hashes computed with b3sum, 422 rules, instances, and
+restarts with data_dir (clean and kill -9 under fsync=always)."""
 
 import os
 import random
+import shutil
 import signal
 import struct
 import subprocess
@@ -487,6 +489,103 @@ class TestTokensForm(FleetBase):
                 self.assertEqual(best["mp-t"]["any_chunks"], 0)
             e.delete("l1", "dram", key("x", "00"))  # keeps the batch kinds alive
             e.flush()
+
+
+class TestDurability(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kvidx-fleet-")
+        self.d = None
+
+    def tearDown(self):
+        if self.d:
+            self.d.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def start(self, **kw):
+        if self.d:
+            self.d.kill()
+        s = {"data_dir": self.dir}
+        s.update(kw)
+        self.d = Daemon(settings=s)
+        return "127.0.0.1", self.d.port
+
+    def state(self, h, p):
+        keys = post_json(h, p, "GET", "/directory/keys?limit=10000", None)[1]
+        streams = post_json(h, p, "GET", "/directory/streams", None)[1]
+        inst = post_json(h, p, "GET", "/instances", None)[1]
+        for s in streams["streams"]:
+            s.pop("last_ts")
+        return keys, streams, [(i["instance_id"], i["ip"], i["http_port"])
+                               for i in inst["instances"]]
+
+    def run_fleet(self, h, p, m):
+        bodies = []
+        for n in ("mp-1", "mp-2"):
+            e = Emitter(h, p, n, incarnation=10)
+            e.register()
+            for i in range(30):
+                e.store("l1", "dram", key("m", "%04x" % i), i + 1, token_ids=[i, i + 1])
+                e.store("l2", "fs", key("m", "%04x" % i), i + 1)
+                if i % 3 == 0:
+                    e.delete("l1", "dram", key("m", "%04x" % (i // 2)))
+                if i % 10 == 9:
+                    body = {"batches": e._take()}
+                    st, ans = post_json(h, p, "POST", "/events", body)
+                    self.assertEqual(ans, m.ingest_request(body))
+                    bodies.append(body)
+        return bodies
+
+    def check_restart(self, sig, snapshot=False):
+        m = Model()
+        extra = {"snapshot_journal_bytes": 4096} if snapshot else {}
+        h, p = self.start(fsync="always", **extra)
+        bodies = self.run_fleet(h, p, m)
+        if snapshot:
+            # A snapshot holds the directory; the journal after it the rest.
+            snap = os.path.join(self.dir, "snapshot.kvs")
+            deadline = time.time() + 10
+            while not os.path.exists(snap) and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertTrue(os.path.exists(snap))
+            e = Emitter(h, p, "mp-3", incarnation=4)
+            e.store("l1", "dram", key("m", "ffff"), 9, token_ids=[7])
+            body = {"batches": e._take()}
+            self.assertEqual(post_json(h, p, "POST", "/events", body)[1], m.ingest_request(body))
+            bodies.append(body)
+        before = self.state(h, p)
+        if sig == signal.SIGKILL:
+            self.d.send_signal(signal.SIGKILL)
+            self.d.proc.wait(10)
+        else:
+            self.assertEqual(self.d.stop(), 0)
+        h, p = self.start(fsync="always")
+        self.assertEqual(self.state(h, p), before)
+        for body in bodies:
+            st, ans = post_json(h, p, "POST", "/events", body)
+            self.assertEqual(st, 200)
+            self.assertEqual(ans["applied"], 0, ans)
+            self.assertEqual(ans["duplicates"], len(body["batches"]))
+        after = self.state(h, p)
+        self.assertEqual(after[0], before[0])
+        self.assertEqual(after[2], before[2])
+        for s_after, s_before in zip(after[1]["streams"], before[1]["streams"]):
+            sent = sum(len(b["batches"]) for b in bodies
+                       if b["batches"][0]["instance_id"] == s_after["instance_id"])
+            self.assertEqual(s_after["duplicates"], s_before["duplicates"] + sent)
+            for f in ("instance_id", "incarnation", "last_seq", "gap_detected", "applied"):
+                self.assertEqual(s_after[f], s_before[f])
+        # The restored instances are alive again from the restart on.
+        e = Emitter(h, p, "mp-1")
+        self.assertEqual(e.heartbeat(), 200)
+
+    def test_restart_clean(self):
+        self.check_restart(signal.SIGTERM)
+
+    def test_restart_after_kill9(self):
+        self.check_restart(signal.SIGKILL)
+
+    def test_restart_after_snapshot_and_kill9(self):
+        self.check_restart(signal.SIGKILL, snapshot=True)
 
 
 if __name__ == "__main__":

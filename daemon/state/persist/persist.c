@@ -1,9 +1,10 @@
 /*
- * Persistence of the key catalogue and the layout registry: open, stop
- * and free, and the hooks the write handlers call. The journal, the
- * deferred answers, snapshots, restore and the page-token secret live in
- * the other files of this folder (persist_int.h lists them); the formats
- * are in kvidx/journal.h and docs/persistence.md.
+ * Persistence of the key catalogue, the layout registry and the fleet
+ * directory (fleet.c): open, stop and free, and the hooks the write
+ * handlers call. The journal, the deferred answers, snapshots, restore and
+ * the page-token secret live in the other files of this folder
+ * (persist_int.h lists them); the formats are in kvidx/journal.h and
+ * docs/persistence.md.
  *
  * Invariants: nothing in data_dir is read or changed before its lock is
  * held (restore truncates and deletes files, which must never happen
@@ -228,6 +229,7 @@ static int persist_start(struct app *app, struct persist *p)
     }
     p->thread_started = 1;
     store_watch(p->idx, on_change, p);
+    fleet_watch(app, p);
     if (metrics_register(app->metrics, persist_gauges, p) != 0)
         log_warn("metrics: no room for the persistence gauges");
     return 0;
@@ -290,6 +292,7 @@ void persist_free(struct app *app)
     metrics_unregister(app->metrics, persist_gauges, p);
     if (app->keystore)
         store_watch(p->idx, NULL, NULL);
+    fleet_watch(app, NULL);
     if (hand_over(p) != 0)
         log_error("shutdown: out of memory handing the last %zu journal bytes to the writer; "
                   "the last changes are lost",

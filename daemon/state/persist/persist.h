@@ -9,6 +9,7 @@
 
 #include "net/http.h"
 
+#include "kvidx/directory.h"
 #include "kvidx/index.h"
 
 #include <stddef.h>
@@ -67,6 +68,10 @@ struct persist_snapshot_info {
 };
 int persist_write_snapshot(kvidx_index_t *idx, const struct layouts *layouts, const char *dir,
                            uint64_t next_gen);
+/* persist_write_snapshot with the fleet directory's state too (fleet may
+ * be NULL). */
+int persist_write_snapshot_all(kvidx_index_t *idx, const struct layouts *layouts,
+                               const kvidx_directory_t *fleet, const char *dir, uint64_t next_gen);
 int persist_load_snapshot(const char *path, kvidx_index_t *idx, struct layouts *layouts,
                           struct persist_snapshot_info *info, const char **why);
 

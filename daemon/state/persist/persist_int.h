@@ -13,6 +13,7 @@
  *                     load, journal replay, torn tails
  *   secret.c          the page-token secret file
  *   files.c           file helpers shared by the above
+ *   fleet.c           the fleet directory's journal records, snapshot records and replay
  *   store.c           the key store interface below
  *
  * Threads: fields of struct persist are grouped by who may touch them: the
@@ -32,6 +33,7 @@
 #include "util/config.h"
 #include "util/json_write.h"
 
+#include "kvidx/directory.h"
 #include "kvidx/index.h"
 #include "kvidx/journal.h"
 #include "kvidx/key.h"
@@ -107,6 +109,8 @@ struct persist {
     uint64_t child_epoch;   /* gap_epoch when the running snapshot forked */
     uint64_t cur_gen;       /* generation new records go to */
     uint64_t skipped;       /* records restore skipped for breaking the key rules */
+    struct kvidx_dir_replay *dir_replay; /* restore only: the fleet directory's replayer */
+    uint64_t dir_bad;                    /* fleet directory records restore could not apply */
 
     /* ---- shared, under mu ---- */
     uv_mutex_t mu;
@@ -218,6 +222,19 @@ struct key_rules {
 };
 /* 0 when key passes, else KVIDX_EKEY with *why naming the field and rule. */
 int store_key_check(struct key_rules *c, const kvidx_key_t *key, kvidx_reason_t *why);
+
+/* ---- fleet.c: the fleet directory as persistence sees it ---- */
+/* Installs (p) or removes (NULL) the journal hook of app->fleet. */
+void fleet_watch(struct app *app, struct persist *p);
+/* Writes the directory's state as DIR records through add (the snapshot's
+ * writer): 0 or add's error. */
+int fleet_each_record(const kvidx_directory_t *d, int (*add)(void *ctx, const kvidx_jrec_t *r),
+                      void *ctx);
+/* Applies one DIR record at restore (snapshot or journal): 0, or a
+ * KVIDX_E* code (the caller decides whether that stops the start). */
+int fleet_replay(struct persist *p, const uint8_t *blob, size_t len);
+/* After each journal: a batch whose records stopped early is dropped. */
+void fleet_replay_end(struct persist *p);
 
 /* ---- secret.c ---- */
 /* Reads data_dir's page-token secret, or creates it, and makes it the

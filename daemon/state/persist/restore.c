@@ -28,6 +28,7 @@
 #include "util/context.h"
 #include "util/log.h"
 
+#include "kvidx/directory_codec.h"
 #include "kvidx/err.h"
 
 #include <errno.h>
@@ -61,7 +62,7 @@ static void log_skipped(const char *what, const char *path, size_t from, size_t 
 typedef struct load_buf {
     kvidx_load_t *items;
     size_t n;
-    int layout; /* lrec, a layout record, follows the items */
+    int layout; /* lrec, a layout or fleet directory record, follows the items */
     kvidx_jrec_t lrec;
 } load_buf_t;
 
@@ -75,6 +76,7 @@ typedef struct load_pipe {
     kvidx_snapshot_reader_t r;
     /* the decoding stage's own */
     const char *path;
+    struct persist *p; /* for the fleet directory's records; NULL: they are skipped */
     struct key_rules rules;
     uint64_t skipped; /* keys that break the key rules, left out */
 } load_pipe_t;
@@ -95,7 +97,7 @@ static int fill_batch(load_pipe_t *lp, load_buf_t *b)
             return got;
         if (got == 0)
             return b->n > 0;
-        if (rec.type == KVIDX_JREC_LAYOUT_PUT) {
+        if (rec.type == KVIDX_JREC_LAYOUT_PUT || rec.type == KVIDX_JREC_DIR) {
             b->lrec = rec;
             b->layout = 1;
             return 1;
@@ -137,9 +139,10 @@ static void reader_main(void *arg)
     uv_mutex_unlock(&lp->mu);
 }
 
-/* Puts one decoded batch into the store and the layouts. */
-static int load_batch(kvidx_index_t *idx, struct layouts *layouts, const load_buf_t *b,
-                      const char **why)
+/* Puts one decoded batch into the store, the layouts and the fleet
+ * directory. */
+static int load_batch(load_pipe_t *lp, kvidx_index_t *idx, struct layouts *layouts,
+                      const load_buf_t *b, const char **why)
 {
     int rc = store_load(idx, b->items, b->n);
     if (rc == KVIDX_ENOMEM) {
@@ -149,6 +152,13 @@ static int load_batch(kvidx_index_t *idx, struct layouts *layouts, const load_bu
     if (rc != 0) {
         *why = "the index refused a key (duplicate, capacity or a bad key)";
         return KVIDX_EINVAL;
+    }
+    if (b->layout && b->lrec.type == KVIDX_JREC_DIR) {
+        if (lp->p && fleet_replay(lp->p, b->lrec.blob, b->lrec.blob_len) != 0) {
+            *why = "a fleet directory record does not load";
+            return KVIDX_EINVAL;
+        }
+        return 0;
     }
     if (b->layout && layouts_restore(layouts, (const char *)b->lrec.blob, b->lrec.blob_len) != 0) {
         *why = "a layout record does not parse";
@@ -169,7 +179,7 @@ static int load_unthreaded(load_pipe_t *lp, kvidx_index_t *idx, struct layouts *
         }
         if (got == 0)
             return 0;
-        int rc = load_batch(idx, layouts, &lp->buf[0], why);
+        int rc = load_batch(lp, idx, layouts, &lp->buf[0], why);
         if (rc != 0)
             return rc;
     }
@@ -192,7 +202,7 @@ static int load_threaded(load_pipe_t *lp, kvidx_index_t *idx, struct layouts *la
             }
             return 0;
         }
-        int rc = load_batch(idx, layouts, &lp->buf[lp->consumed % NBUF], why);
+        int rc = load_batch(lp, idx, layouts, &lp->buf[lp->consumed % NBUF], why);
         uv_mutex_lock(&lp->mu);
         lp->consumed++;
         if (rc)
@@ -286,8 +296,19 @@ static void pipe_free(load_pipe_t *lp)
     free(lp);
 }
 
+static int load_snapshot(struct persist *p, const char *path, kvidx_index_t *idx,
+                         struct layouts *layouts, struct persist_snapshot_info *info,
+                         const char **why);
+
 int persist_load_snapshot(const char *path, kvidx_index_t *idx, struct layouts *layouts,
                           struct persist_snapshot_info *info, const char **why)
+{
+    return load_snapshot(NULL, path, idx, layouts, info, why);
+}
+
+static int load_snapshot(struct persist *p, const char *path, kvidx_index_t *idx,
+                         struct layouts *layouts, struct persist_snapshot_info *info,
+                         const char **why)
 {
     memset(info, 0, sizeof(*info));
     *why = NULL;
@@ -303,6 +324,7 @@ int persist_load_snapshot(const char *path, kvidx_index_t *idx, struct layouts *
         goto out;
     }
     lp->path = path;
+    lp->p = p;
     /* Streaming: the reader thread checksums the file as it decodes; on a
      * mismatch at the end the restore fails and the daemon refuses to
      * start, so the keys already loaded are never used. */
@@ -352,7 +374,7 @@ static int snapshot_load(struct persist *p, struct restore_counts *c)
     char path[PATHN];
     path_of(p->dir, SNAPSHOT_FILE, path, sizeof(path));
     const char *why = NULL;
-    int rc = persist_load_snapshot(path, p->idx, p->layouts, &c->snap, &why);
+    int rc = load_snapshot(p, path, p->idx, p->layouts, &c->snap, &why);
     if (rc == 0 || rc == KVIDX_ENOTFOUND)
         return 0;
     log_error("refusing to start: the snapshot %s is not usable: %s. Move it away to start "
@@ -421,6 +443,14 @@ static int replay_rec(struct persist *p, const char *path, const kvidx_jrec_t *r
             log_warn("journal %s: a layout record at byte %zu does not parse", path, at);
     } else if (rec->type == KVIDX_JREC_LAYOUT_DEL) {
         layouts_forget(p->layouts, rec->key.model, rec->key.model_len, rec->world_size);
+    } else if (rec->type == KVIDX_JREC_DIR) {
+        int rc = fleet_replay(p, rec->blob, rec->blob_len);
+        if (rc == KVIDX_ENOMEM)
+            return -1;
+        if (rc != 0 && ++p->dir_bad <= 10)
+            log_warn("journal %s: a fleet directory record at byte %zu could not be applied "
+                     "(%s)",
+                     path, at, kvidx_err_title(rc));
     }
     return 0;
 }
@@ -453,10 +483,17 @@ static int journal_replay(struct persist *p, uint64_t gen, struct restore_counts
     size_t at = off;
     int got;
     while ((got = kvidx_journal_next(data, len, &off, &rec)) == 1) {
-        if (replay_rec(p, path, &rec, at, off, &rules, &skipped) == 0)
+        int r = replay_rec(p, path, &rec, at, off, &rules, &skipped);
+        if (r < 0) {
+            log_error("refusing to start: out of memory replaying %s", path);
+            rc = KVIDX_EINTERNAL;
+            goto out;
+        }
+        if (r == 0)
             c->nrec++;
         at = off;
     }
+    fleet_replay_end(p);
     c->skipped += skipped;
     if (got < 0 && (rc = truncate_tail(p, path, off, len)) != 0)
         goto out;
@@ -547,13 +584,21 @@ int restore(struct persist *p)
 {
     struct restore_counts c = {0};
     double t0 = now_s();
+    kvidx_dir_replay_t rp;
+    kvidx_dir_replay_init(&rp, app_now_ms(p->app));
+    p->dir_replay = &rp;
     int rc = snapshot_load(p, &c);
+    double t1 = now_s();
+    uint64_t max_gen = 0;
+    if (rc == 0)
+        rc = replay_all(p, &c, &max_gen);
+    p->dir_replay = NULL;
+    kvidx_dir_replay_free(&rp);
     if (rc != 0)
         return rc;
-    double t1 = now_s();
-    uint64_t max_gen;
-    if ((rc = replay_all(p, &c, &max_gen)) != 0)
-        return rc;
+    if (p->dir_bad)
+        log_warn("restore: %llu fleet directory records could not be applied",
+                 (unsigned long long)p->dir_bad);
     remove_tmp_files(p->dir); /* files whose writing a crash interrupted */
     p->cur_gen = max_gen + 1;
     p->wgen = p->cur_gen;

@@ -1,6 +1,7 @@
 /*
- * Snapshots: the whole catalogue and layout registry written to
- * snapshot.kvs by a fork()ed child from its copy-on-write image.
+ * Snapshots: the whole catalogue, the layout registry and the fleet
+ * directory written to snapshot.kvs by a fork()ed child from its
+ * copy-on-write image.
  *
  * When the journals since the last snapshot pass snapshot_journal_bytes
  * (or a gap must be closed), the loop asks the writer to rotate to a new
@@ -21,6 +22,7 @@
 #include "state/persist/persist_int.h"
 
 #include "util/context.h"
+#include "state/fleet.h"
 #include "state/layouts.h"
 #include "util/log.h"
 
@@ -98,15 +100,23 @@ static int out_key(void *ctx, const kvidx_key_t *key, const kvidx_durable_t *st)
     return out_add(ctx, &r, KVIDX_SNAPSHOT_KEY_MAX);
 }
 
+static int out_dir(void *ctx, const kvidx_jrec_t *r)
+{
+    return out_add(ctx, r, kvidx_jrec_size(r));
+}
+
 /* Writes the snapshot body and trailer to o->fd and fsyncs it. */
 static int out_all(struct snap_out *o, kvidx_index_t *idx, const struct layouts *layouts,
-                   uint64_t next_gen)
+                   const kvidx_directory_t *fleet, uint64_t next_gen)
 {
     kvidx_snapshot_begin(&o->w, next_gen, o->buf);
     o->len = KVIDX_SNAPSHOT_HEADER_LEN;
     int rc = out_layouts(o, layouts);
     if (rc == 0 && (rc = store_each_state(idx, out_key, o)) != 0 && !o->why.msg[0])
         snprintf(o->why.msg, sizeof(o->why.msg), "cannot walk the key store (%s)",
+                 kvidx_err_title(rc));
+    if (rc == 0 && fleet && (rc = fleet_each_record(fleet, out_dir, o)) != 0 && !o->why.msg[0])
+        snprintf(o->why.msg, sizeof(o->why.msg), "cannot write the fleet directory (%s)",
                  kvidx_err_title(rc));
     if (rc == 0)
         rc = out_room(o, KVIDX_SNAPSHOT_TRAILER_LEN);
@@ -122,6 +132,12 @@ static int out_all(struct snap_out *o, kvidx_index_t *idx, const struct layouts 
 
 int persist_write_snapshot(kvidx_index_t *idx, const struct layouts *layouts, const char *dir,
                            uint64_t next_gen)
+{
+    return persist_write_snapshot_all(idx, layouts, NULL, dir, next_gen);
+}
+
+int persist_write_snapshot_all(kvidx_index_t *idx, const struct layouts *layouts,
+                               const kvidx_directory_t *fleet, const char *dir, uint64_t next_gen)
 {
     char tmp[PATHN], dst[PATHN];
     path_of(dir, SNAPSHOT_TMP, tmp, sizeof(tmp));
@@ -139,7 +155,7 @@ int persist_write_snapshot(kvidx_index_t *idx, const struct layouts *layouts, co
         rc = why_errno(&o.why, "create", tmp);
         goto out;
     }
-    if ((rc = out_all(&o, idx, layouts, next_gen)) != 0)
+    if ((rc = out_all(&o, idx, layouts, fleet, next_gen)) != 0)
         goto out;
     rc = close(o.fd);
     o.fd = -1;
@@ -189,7 +205,8 @@ static void snapshot_child(struct persist *p, pid_t parent, uint64_t next)
         for (int fd = 3; fd < max; fd++)
             close(fd);
     }
-    _exit(persist_write_snapshot(p->idx, p->layouts, p->dir, next) ? 2 : 0);
+    const kvidx_directory_t *fleet = p->app->fleet ? p->app->fleet->dir : NULL;
+    _exit(persist_write_snapshot_all(p->idx, p->layouts, fleet, p->dir, next) ? 2 : 0);
 }
 
 /* The generation the next snapshot covers up to, asking the writer to

@@ -42,6 +42,8 @@
 #define KVIDX_SNAPSHOT_TRAILER_LEN 32
 #define KVIDX_JREC_HDR_LEN         8
 #define KVIDX_JREC_PAYLOAD_MAX     (1u << 20) /* a record's payload, bytes */
+/* A DIR record's blob: the payload less its type byte. */
+#define KVIDX_JREC_DIR_BLOB_MAX (KVIDX_JREC_PAYLOAD_MAX - 1)
 
 /* Tier bits of a key state. 0 = the key is gone. */
 #define KVIDX_STATE_L1 1u /* a ready, non-temporary L1 copy */
@@ -53,6 +55,8 @@ typedef enum {
     KVIDX_JREC_LAYOUT_DEL = 3, /* layout removed (journal only) */
     KVIDX_JREC_NS = 4,         /* snapshot only: namespace of the following keys */
     KVIDX_JREC_SKEY = 5,       /* snapshot only: key state within the namespace */
+    KVIDX_JREC_DIR = 6,        /* the fleet directory: a change (journal) or a state record
+                                  (snapshot); blob = kvidx/directory_codec.h's bytes */
 } kvidx_jrec_type_t;
 
 /* One decoded record. Pointers view the decoded buffer (or, for a snapshot
@@ -64,7 +68,7 @@ typedef struct kvidx_jrec {
     uint64_t size_bytes; /* KEY: 1..2^40, or 0 when tiers == 0 */
     uint8_t tiers;       /* KEY: KVIDX_STATE_* bits */
     uint8_t world_size;  /* LAYOUT_*: 1..255 */
-    const uint8_t *blob; /* LAYOUT_PUT: the layout's normalized JSON */
+    const uint8_t *blob; /* LAYOUT_PUT: the layout's normalized JSON; DIR: the blob */
     size_t blob_len;
 } kvidx_jrec_t;
 
@@ -85,8 +89,9 @@ int kvidx_journal_header_decode(const uint8_t *p, size_t n, uint64_t *generation
 size_t kvidx_jrec_size(const kvidx_jrec_t *r);
 /* Encodes *r, framed, into out[0..cap). 0 and *len; KVIDX_ENOBUFS when cap
  * is short (*len gets the size needed); KVIDX_EINVAL when *r is not
- * encodable. Types KEY, LAYOUT_PUT, LAYOUT_DEL (NS and SKEY are the
- * snapshot writer's). */
+ * encodable. Types KEY, LAYOUT_PUT, LAYOUT_DEL, DIR (a blob of
+ * 1..KVIDX_JREC_DIR_BLOB_MAX bytes); NS and SKEY are the snapshot
+ * writer's. */
 int kvidx_jrec_encode(const kvidx_jrec_t *r, uint8_t *out, size_t cap, size_t *len);
 
 /* Reads the record at buf[*off..len). Returns 1 with *rec filled and *off
@@ -116,8 +121,9 @@ typedef struct kvidx_snapshot_writer {
  * the header into out. */
 void kvidx_snapshot_begin(kvidx_snapshot_writer_t *w, uint64_t next_generation,
                           uint8_t out[KVIDX_SNAPSHOT_HEADER_LEN]);
-/* Adds a KEY (tiers != 0) or LAYOUT_PUT record. Keys must come in
- * kvidx_key_cmp order (not checked). 0 and *len, KVIDX_ENOBUFS (cap short,
+/* Adds a KEY (tiers != 0), LAYOUT_PUT or DIR record. Keys must come in
+ * kvidx_key_cmp order (not checked); DIR records are not counted in the
+ * trailer (the file checksum covers them). 0 and *len, KVIDX_ENOBUFS (cap short,
  * nothing consumed) or KVIDX_EINVAL (not encodable). */
 int kvidx_snapshot_add(kvidx_snapshot_writer_t *w, const kvidx_jrec_t *r, uint8_t *out, size_t cap,
                        size_t *len);
@@ -153,7 +159,7 @@ int kvidx_snapshot_open(kvidx_snapshot_reader_t *r, const uint8_t *buf, size_t l
  * the reader ends with 0. */
 int kvidx_snapshot_open_streaming(kvidx_snapshot_reader_t *r, const uint8_t *buf, size_t len,
                                   const char **why);
-/* The next KEY or LAYOUT_PUT record: 1 and *rec; 0 at the end (the counts
+/* The next KEY, LAYOUT_PUT or DIR record: 1 and *rec; 0 at the end (the counts
  * matched the trailer); KVIDX_EINVAL, with a static reason in r->why, on
  * any malformed record, count mismatch or (streaming) checksum mismatch.
  * Both endings repeat if asked again. Keys carry their namespace in
