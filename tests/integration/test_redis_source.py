@@ -8,6 +8,7 @@ within a deadline."""
 
 import json
 import os
+import subprocess
 import sys
 import time
 import unittest
@@ -89,8 +90,9 @@ class RedisSourceTest(unittest.TestCase):
             missing = sorted(set(want) - set(got))[:5]
             extra = sorted(set(got) - set(want))[:5]
             wrong = sorted(k for k in set(want) & set(got) if want[k] != got[k])[:5]
-            self.fail("%s: kvidx has %d keys, the server %d; missing %s, extra %s, sizes %s"
-                      % (what, len(got), len(want), missing, extra, wrong))
+            self.fail("%s: kvidx has %d keys, the server %d; missing %s, extra %s, sizes %s\n"
+                      "kvidxd log (end):\n%s"
+                      % (what, len(got), len(want), missing, extra, wrong, self.d.log()[-4000:]))
 
     def set_many(self, ids, size=100, prefix=None):
         p = self.prefix if prefix is None else prefix
@@ -245,11 +247,48 @@ class RedisSourceAuthTest(unittest.TestCase):
             for text in (stats, metrics, one, d.log()):
                 self.assertNotIn("pa55-w0rd", text)
             self.assertIn("***@127.0.0.1", stats)
+            # Every figure of the source, in both places, under the shown name.
+            name = "redis://***@127.0.0.1:%d/2?prefix=p" % r.port
+            st = source_stats(d)
+            self.assertEqual(st["name"], name, st)
+            self.assertEqual(st["kind"], "redis", st)
+            self.assertEqual(st["state"], "live", st)
+            self.assertEqual(st["keys"], 10, st)
+            self.assertEqual(st["bytes"], 30, st)
+            for k in ("skipped", "scans", "reconnects", "notification_lag_ms", "last_error",
+                      "server_error", "dbsize"):
+                self.assertIn(k, st)
+            self.assertGreaterEqual(st["scans"], 1, st)
+            label = 'source="%s"' % name
+            for fam, value in (("kvidx_source_keys", "10"), ("kvidx_source_bytes", "30"),
+                               ("kvidx_source_skipped", None), ("kvidx_source_scans_total", None),
+                               ("kvidx_redis_reconnects_total", None),
+                               ("kvidx_redis_notification_lag_seconds", None),
+                               ("kvidx_source_last_error_info", None)):
+                lines = [ln for ln in metrics.splitlines()
+                         if ln.startswith(fam + "{") and label in ln]
+                self.assertEqual(len(lines), 1, (fam, metrics))
+                if value is not None:
+                    self.assertEqual(lines[0].rsplit(" ", 1)[1], value, lines[0])
+            self.assertIn('kvidx_source_state{%s,state="live"} 1' % label, metrics)
             c.close()
         finally:
             if d:
                 d.kill()
             r.stop()
+
+    def test_a_url_that_cannot_be_used_exits_2_without_its_password(self):
+        from harness import kvidxd_path
+        for url in ("redis://u:s3cr3t-pw@127.0.0.1:99999/0",
+                    "redis://u:s3cr3t-pw@127.0.0.1:6379/0?prefix=a@b",
+                    "redis+cluster://u:s3cr3t-pw@127.0.0.1:6379/3",
+                    "redis://u:s3cr3t-pw@"):
+            p = subprocess.run([kvidxd_path(), "--set", "listen=127.0.0.1:0",
+                                "--set", "l2_source=" + url],
+                               capture_output=True, timeout=30)
+            self.assertEqual(p.returncode, 2, (url, p.stderr))
+            self.assertIn(b"l2_source", p.stderr, url)
+            self.assertNotIn(b"s3cr3t-pw", p.stderr + p.stdout, url)
 
 
 if __name__ == "__main__":
