@@ -29,6 +29,81 @@ static struct keystore *ks_of(const struct request *req)
     return req->app->keystore;
 }
 
+/* What a KeyEntry holds that depends only on its namespace, escaped once:
+ * {"key":{"model_name":"<model>","kv_rank":  and
+ * ","cache_salt":"<salt>"},"size_bytes":  */
+struct ns_json {
+    uint32_t ns_id;
+    int valid;
+    struct buf head, tail;
+};
+
+static int ns_json_set(struct ns_json *j, const kvidx_list_entry_t *e)
+{
+    struct jw w;
+    buf_reset(&j->head);
+    buf_reset(&j->tail);
+    buf_puts(&j->head, "{\"key\":{\"model_name\":");
+    jw_init(&w, &j->head);
+    jw_strn(&w, e->model, e->model_len);
+    buf_puts(&j->head, ",\"kv_rank\":");
+    buf_puts(&j->tail, "\",\"cache_salt\":");
+    jw_init(&w, &j->tail);
+    jw_strn(&w, e->salt, e->salt_len);
+    buf_puts(&j->tail, "},\"size_bytes\":");
+    j->ns_id = e->ns_id;
+    j->valid = !j->head.failed && !j->tail.failed;
+    return j->valid ? 0 : KVIDX_ENOMEM;
+}
+
+#define LIT_GROUP ",\"object_group_id\":"
+#define LIT_HASH  ",\"chunk_hash_hex\":\""
+
+/* Writes the page's KeyEntry objects, comma-separated, into b straight
+ * from the index's records (kvidx_index_list_entry views them in place):
+ * no key is copied out and nothing is allocated per entry; the namespace's
+ * model and salt are escaped once per run of entries that share them, and
+ * the hash is hex-encoded eight bytes a step. The bytes are those jw's
+ * KeyEntry writer gives. 0, or KVIDX_ENOMEM. */
+static int write_entries(struct buf *b, const kvidx_index_t *idx, const kvidx_ref_t *refs,
+                         size_t count)
+{
+    struct ns_json nj;
+    memset(&nj, 0, sizeof(nj));
+    buf_init(&nj.head);
+    buf_init(&nj.tail);
+    int rc = 0, first = 1;
+    for (size_t i = 0; i < count && rc == 0; i++) {
+        kvidx_list_entry_t e;
+        if (kvidx_index_list_entry(idx, refs[i], &e) != 0)
+            continue;
+        if ((!nj.valid || nj.ns_id != e.ns_id) && (rc = ns_json_set(&nj, &e)) != 0)
+            break;
+        size_t need = 1 + nj.head.len + 10 + sizeof(LIT_GROUP) + 5 + sizeof(LIT_HASH) +
+                      2 * (size_t)e.hash_len + nj.tail.len + 20 + 1;
+        if ((rc = buf_reserve(b, need)) != 0)
+            break;
+        char *o = b->data + b->len;
+        if (!first)
+            *o++ = ',';
+        first = 0;
+        memcpy(o, nj.head.data, nj.head.len);
+        o = jw_u64_at(o + nj.head.len, e.kv_rank);
+        memcpy(o, LIT_GROUP, sizeof(LIT_GROUP) - 1);
+        o = jw_u64_at(o + sizeof(LIT_GROUP) - 1, e.group);
+        memcpy(o, LIT_HASH, sizeof(LIT_HASH) - 1);
+        o = jw_hex_at(o + sizeof(LIT_HASH) - 1, e.hash, e.hash_len);
+        memcpy(o, nj.tail.data, nj.tail.len);
+        o = jw_u64_at(o + nj.tail.len, e.size_bytes);
+        *o++ = '}';
+        b->len = (size_t)(o - b->data);
+        b->data[b->len] = '\0';
+    }
+    buf_free(&nj.head);
+    buf_free(&nj.tail);
+    return rc;
+}
+
 /* GET /v1/keys?model_name&cache_salt&kv_rank&object_group_id&tier&page_size&page_token */
 static int keys_list(const struct request *req, struct response *res)
 {
@@ -98,22 +173,12 @@ static int keys_list(const struct request *req, struct response *res)
     }
     struct jw w;
     jw_init(&w, &res->body);
-    buf_reserve(&res->body, count * 200 + 64);
     jw_obj_begin(&w);
     jw_key(&w, "entries");
     jw_arr_begin(&w);
-    for (size_t i = 0; i < count; i++) {
-        kvidx_key_t k;
-        kvidx_entry_info_t info;
-        if (kvidx_index_key(ks->idx, refs[i], &k) != 0 ||
-            kvidx_index_info(ks->idx, refs[i], &info) != 0)
-            continue;
-        jw_obj_begin(&w);
-        jw_key(&w, "key");
-        jw_key_object(&w, &k);
-        jw_key(&w, "size_bytes");
-        jw_u64(&w, info.size_bytes);
-        jw_obj_end(&w);
+    if (write_entries(&res->body, ks->idx, refs, count) != 0) {
+        buf_reset(&res->body);
+        goto oom;
     }
     jw_arr_end(&w);
     jw_key(&w, "next_page_token");

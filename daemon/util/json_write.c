@@ -141,6 +141,54 @@ static char *u32_dec(char *p, uint32_t v)
     return p + n;
 }
 
+char *jw_u64_at(char *p, uint64_t v)
+{
+    if (v <= UINT32_MAX)
+        return u32_dec(p, (uint32_t)v);
+    char tmp[24];
+    char *q = tmp + sizeof(tmp);
+    while (v >= 100) {
+        q -= 2;
+        memcpy(q, digit_pairs + 2 * (v % 100), 2);
+        v /= 100;
+    }
+    if (v >= 10) {
+        q -= 2;
+        memcpy(q, digit_pairs + 2 * v, 2);
+    } else {
+        *--q = (char)('0' + v);
+    }
+    size_t n = (size_t)(tmp + sizeof(tmp) - q);
+    memcpy(p, q, n);
+    return p + n;
+}
+
+/* The two lowercase hex digits of every byte value. */
+static const char hex_pairs[513] =
+    "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+    "202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f"
+    "404142434445464748494a4b4c4d4e4f505152535455565758595a5b5c5d5e5f"
+    "606162636465666768696a6b6c6d6e6f707172737475767778797a7b7c7d7e7f"
+    "808182838485868788898a8b8c8d8e8f909192939495969798999a9b9c9d9e9f"
+    "a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7b8b9babbbcbdbebf"
+    "c0c1c2c3c4c5c6c7c8c9cacbcccdcecfd0d1d2d3d4d5d6d7d8d9dadbdcdddedf"
+    "e0e1e2e3e4e5e6e7e8e9eaebecedeeeff0f1f2f3f4f5f6f7f8f9fafbfcfdfeff";
+
+char *jw_hex_at(char *p, const uint8_t *bytes, size_t n)
+{
+    size_t i = 0;
+    /* Eight bytes a step: sixteen digits built in two words, stored once. */
+    for (; i + 8 <= n; i += 8, p += 16) {
+        char w[16];
+        for (int j = 0; j < 8; j++)
+            memcpy(w + 2 * j, hex_pairs + 2 * bytes[i + j], 2);
+        memcpy(p, w, 16);
+    }
+    for (; i < n; i++, p += 2)
+        memcpy(p, hex_pairs + 2 * bytes[i], 2);
+    return p;
+}
+
 void buf_put_i64(struct buf *b, int64_t v)
 {
     if (v < 0) {

@@ -33,6 +33,11 @@ void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(print
 void buf_vprintf(struct buf *b, const char *fmt, va_list ap);
 void buf_put_u64(struct buf *b, uint64_t v);
 void buf_put_i64(struct buf *b, int64_t v);
+/* Writers into memory the caller reserved: v in decimal (at most 20
+ * bytes), the 2n lowercase hex digits of bytes[0..n). Both return the end
+ * of what they wrote. */
+char *jw_u64_at(char *p, uint64_t v);
+char *jw_hex_at(char *p, const uint8_t *bytes, size_t n);
 
 /* JSON writer. It tracks whether a comma is needed, up to JW_MAX_DEPTH. */
 #define JW_MAX_DEPTH 32

@@ -228,3 +228,22 @@ int kvidx_index_list(const kvidx_index_t *idx, const kvidx_list_filter_t *f,
         list_resume(idx, &l, resume, more);
     return 0;
 }
+
+int kvidx_index_list_entry(const kvidx_index_t *idx, kvidx_ref_t ref, kvidx_list_entry_t *e)
+{
+    if (!ref_live(idx, ref))
+        return KVIDX_ENOTFOUND;
+    const uint8_t *r = rec_at(idx, ref);
+    const ns_t *ns = idx->ns_ids[rec_ns(r)].ns;
+    e->model = ns->model->s;
+    e->model_len = ns->model->len;
+    e->salt = ns->salt->s;
+    e->salt_len = (uint8_t)ns->salt->len;
+    e->hash_len = rec_hl(r);
+    e->group = rec_group(r);
+    e->kv_rank = rec_rank(r);
+    e->ns_id = rec_ns(r);
+    e->hash = rec_hash(r);
+    e->size_bytes = rec_size(r);
+    return 0;
+}

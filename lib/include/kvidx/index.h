@@ -328,6 +328,25 @@ int kvidx_index_list(const kvidx_index_t *idx, const kvidx_list_filter_t *f,
                      const kvidx_key_t *after, size_t page_size, size_t max_scan, kvidx_ref_t *refs,
                      size_t *count, kvidx_key_buf_t *resume, int *more, size_t *examined);
 
+/* What a listing writes of one key, viewing the index's own memory (no
+ * copy): valid until the next call that changes the index. Two entries
+ * with the same ns_id share model and salt (the same interned bytes). */
+typedef struct kvidx_list_entry {
+    const char *model, *salt;
+    uint16_t model_len;
+    uint8_t salt_len;
+    uint8_t hash_len;
+    uint16_t group;
+    uint32_t kv_rank;
+    uint32_t ns_id;
+    const uint8_t *hash;
+    uint64_t size_bytes;
+} kvidx_list_entry_t;
+
+/* Fills *e for the key ref names. 0, or KVIDX_ENOTFOUND for a ref that
+ * names no live key. */
+int kvidx_index_list_entry(const kvidx_index_t *idx, kvidx_ref_t ref, kvidx_list_entry_t *e);
+
 /* ---- statistics ---- */
 void kvidx_index_stats(const kvidx_index_t *idx, kvidx_index_stats_t *out);
 
