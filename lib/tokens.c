@@ -108,12 +108,15 @@ static int parse_role(const char *w, size_t n, kvidx_role_t *role)
     return KVIDX_EINVAL;
 }
 
+/* A token: printable ASCII without ',' (a ',' in an Authorization value
+ * is where the daemon joins repeated header lines, so a token holding one
+ * could be put together from two lines). */
 static int valid_token(const char *w, size_t n)
 {
     if (n < 1 || n > KVIDX_TOKEN_MAX)
         return 0;
     for (size_t i = 0; i < n; i++)
-        if ((unsigned char)w[i] <= 0x20 || (unsigned char)w[i] >= 0x7f)
+        if ((unsigned char)w[i] <= 0x20 || (unsigned char)w[i] >= 0x7f || w[i] == ',')
             return 0;
     return 1;
 }
@@ -191,7 +194,7 @@ static int parse_line(kvidx_tokens_t *t, const char *s, const char *end, unsigne
     const char *w;
     size_t n = next_word(&s, end, &w);
     if (!valid_token(w, n)) {
-        *why = "the token must be 1..256 printable ASCII bytes";
+        *why = "the token must be 1..256 printable ASCII bytes, without ','";
         return KVIDX_EINVAL;
     }
     digest(t, w, n, e.digest);
@@ -308,7 +311,7 @@ uint64_t kvidx_tokens_salt_quota(const kvidx_tokens_t *t, const char *salt, size
     for (size_t i = 0; t && i < t->n; i++) {
         const kvidx_principal_t *p = &t->items[i].p;
         if (!p->salt_bound || !p->quota_bytes || p->salt_len != salt_len ||
-            memcmp(p->salt, salt, salt_len) != 0)
+            (salt_len && memcmp(p->salt, salt, salt_len) != 0))
             continue;
         if (q == 0 || p->quota_bytes < q)
             q = p->quota_bytes;
@@ -320,5 +323,6 @@ int kvidx_principal_sees_salt(const kvidx_principal_t *p, const char *salt, size
 {
     if (!p->salt_bound)
         return 1;
-    return p->salt_len == salt_len && memcmp(p->salt, salt, salt_len) == 0;
+    /* salt may be NULL when salt_len is 0 (a key without a salt). */
+    return p->salt_len == salt_len && (salt_len == 0 || memcmp(p->salt, salt, salt_len) == 0);
 }

@@ -339,7 +339,8 @@ static void auth_gauges(void *ctx, struct buf *out)
      * tell how salts sort. */
     struct salt_rows r = {a->app, NULL, 0, 0, 0};
     kvidx_index_each_salt(idx, salt_row, &r);
-    qsort(r.v, r.n, sizeof(*r.v), row_cmp);
+    if (r.n)
+        qsort(r.v, r.n, sizeof(*r.v), row_cmp);
     static const char *const fam[][2] = {
         {"kvidx_salt_keys", "Keys of each salt (label: keyed hash of the salt)."},
         {"kvidx_salt_l1_bytes", "L1 bytes of each salt (label: keyed hash of the salt)."},

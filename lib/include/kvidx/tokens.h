@@ -12,7 +12,8 @@
  * `quota_bytes=` (a size with an optional KiB/MiB/GiB/TiB suffix) caps the
  * L1 bytes of the token's salt and needs `salt=`. A line whose first
  * non-blank character is `#` is a comment, as is a blank line; a `#` later
- * in a line is part of it. Tokens are 1..256 bytes of printable ASCII.
+ * in a line is part of it. Tokens are 1..256 bytes of printable ASCII
+ * other than ',' (where repeated Authorization lines are joined).
  *
  * The table keeps no token in the clear: each is kept as a keyed BLAKE2b
  * digest (the key is random per table), and a lookup digests the presented

@@ -105,6 +105,7 @@ Test(tokens, errors_name_the_line_never_the_token)
         {"\n\nsecret-token-123 read\nsecret-token-123 write\n", 4},
         {"secret\x01token read\n", 1},
         {"secret\xc3\xa9token read\n", 1},
+        {"ok read\nsecret,token-123 read\n", 2},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         const char *why;
@@ -149,6 +150,10 @@ Test(tokens, salt_quota_smallest_wins_and_reach)
     cr_assert_not(kvidx_principal_sees_salt(&e, "alice", 5));
     cr_assert(kvidx_principal_sees_salt(&f, "alice", 5));
     cr_assert(kvidx_principal_sees_salt(&f, "", 0));
+    /* A key without a salt may carry a NULL salt pointer. */
+    cr_assert(kvidx_principal_sees_salt(&e, NULL, 0));
+    cr_assert_not(kvidx_principal_sees_salt(&a, NULL, 0));
+    cr_assert_eq(kvidx_tokens_salt_quota(t, NULL, 0), 5);
     kvidx_tokens_free(t);
 }
 
