@@ -23,6 +23,7 @@
 #include "sources/redis_node.h"
 #include "sources/redis_proto.h"
 #include "sources/redis_url.h"
+#include "sources/redis_uv.h"
 #include "state/sources.h"
 #include "util/context.h"
 #include "util/json_write.h"
@@ -30,7 +31,6 @@
 
 #include "kvidx/err.h"
 
-#include <hiredis/adapters/libuv.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
@@ -471,7 +471,7 @@ static void on_topo_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo 
         uv_ip4_name((const struct sockaddr_in *)res->ai_addr, c->topo_host, sizeof(c->topo_host));
     uv_freeaddrinfo(res);
     redisAsyncContext *ac = redisAsyncConnect(c->topo_host, c->topo_addr.port);
-    if (!ac || ac->err || redisLibuvAttach(ac, c->base.app->loop) != REDIS_OK) {
+    if (!ac || ac->err || redis_uv_attach(ac, c->base.app->loop) != 0) {
         if (ac)
             redisAsyncFree(ac);
         c->topo_busy = 0;

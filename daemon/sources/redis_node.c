@@ -22,12 +22,12 @@
 #include "sources/redis_node_int.h"
 
 #include "sources/redis_proto.h"
+#include "sources/redis_uv.h"
 #include "util/json_write.h"
 #include "util/log.h"
 
 #include "kvidx/err.h"
 
-#include <hiredis/adapters/libuv.h>
 #include <inttypes.h>
 #include <sodium.h>
 #include <stdarg.h>
@@ -175,7 +175,7 @@ static redisAsyncContext *open_ctx(struct redis_node *n, const char *ip)
         return NULL;
     }
     ac->data = n;
-    if (redisLibuvAttach(ac, n->cfg.loop) != REDIS_OK) {
+    if (redis_uv_attach(ac, n->cfg.loop) != 0) {
         redisAsyncFree(ac);
         return NULL;
     }
