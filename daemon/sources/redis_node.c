@@ -433,7 +433,10 @@ static void on_tick(uv_timer_t *t)
 {
     struct redis_node *n = t->data;
     uint64_t now = rn_now(n);
-    if (n->failing || n->state == RN_RECONNECTING || n->state == RN_STOPPED)
+    /* A session being set up after a reconnect (state still reconnecting)
+     * is timed like the first one: a server that accepts and never answers
+     * must not hold the source for good. */
+    if (n->failing || n->state == RN_STOPPED)
         return;
     if (!n->session_up) {
         if (now - n->session_start_ms > n->cfg.stall_ms)

@@ -284,6 +284,13 @@ void rn_on_sub_msg(redisAsyncContext *ac, void *reply, void *priv)
     (void)ac;
     if (!r || n->failing)
         return;
+    if (r->type == REDIS_REPLY_ERROR) {
+        /* SUBSCRIBE refused (ACL, LOADING): without the subscription the
+         * session would wait for confirmations that never come. */
+        rn_fail(n, "SUBSCRIBE refused by %s: %.*s", n->label, (int)(r->len > 120 ? 120 : r->len),
+                r->str);
+        return;
+    }
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
         r->element[0]->type != REDIS_REPLY_STRING)
         return;

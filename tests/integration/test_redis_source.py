@@ -8,8 +8,10 @@ within a deadline."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -289,6 +291,88 @@ class RedisSourceAuthTest(unittest.TestCase):
             self.assertEqual(p.returncode, 2, (url, p.stderr))
             self.assertIn(b"l2_source", p.stderr, url)
             self.assertNotIn(b"s3cr3t-pw", p.stderr + p.stdout, url)
+
+
+class BlackHole:
+    """A listener on 127.0.0.1:port that accepts, reads and never answers."""
+
+    def __init__(self, port):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(16)
+        self.sock.settimeout(0.1)
+        self.conns, self.done = [], False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.done:
+            if self.sock:
+                try:
+                    c, _ = self.sock.accept()
+                    c.setblocking(False)
+                    self.conns.append(c)
+                except OSError:
+                    pass
+            else:
+                time.sleep(0.1)
+            for c in self.conns:
+                try:
+                    c.recv(65536)
+                except OSError:
+                    pass
+
+    def stop_listening(self):
+        """Frees the port; the accepted connections stay open, unanswered."""
+        s, self.sock = self.sock, None
+        time.sleep(0.2)
+        s.close()
+
+    def close(self):
+        self.done = True
+        self.thread.join(5)
+        for c in self.conns + ([self.sock] if self.sock else []):
+            c.close()
+
+
+@unittest.skipUnless(have_redis(), "redis-server/redis-cli not installed (scripts/deps.sh test)")
+class RedisSourceHungServerTest(unittest.TestCase):
+    def test_a_server_that_never_answers_after_a_reconnect_is_given_up(self):
+        # The server goes away and something that accepts and never answers
+        # takes its port; the server comes back while kvidx's connections to
+        # that silent listener stay open. The session being set up after the
+        # reconnect must time out (15 s) and the source retry, so that it
+        # follows the server again.
+        r = RedisServer(args=("--notify-keyspace-events", "AKE"))
+        d, hole = None, None
+        try:
+            c = r.client()
+            c.pipeline([("SET", lmc_key(i, "lmc"), "abc") for i in range(20)])
+            d = Daemon(settings={"l2_source": "redis://127.0.0.1:%d/0?prefix=lmc" % r.port,
+                                 "l2_source_reconnect_max_ms": 200})
+            wait_until(lambda: len(kvidx_keys(d)) == 20, DEADLINE, "first scan")
+            c.close()
+            r.kill()
+            hole = BlackHole(r.port)
+            wait_until(lambda: len(hole.conns) >= 2, DEADLINE,
+                       "kvidx connects to the silent server")
+            hole.stop_listening()
+            r.start()
+            c = r.client()
+            c.cmd("FLUSHALL")
+            c.pipeline([("SET", lmc_key(i, "lmc"), "abcd") for i in range(100, 130)])
+            want = {k: 4 for k in keyspace(c, "lmc")}
+            self.assertEqual(len(want), 30)
+            wait_until(lambda: kvidx_keys(d) == want, 30, "the source follows the server again")
+            self.assertIn("did not answer within", d.log())
+            c.close()
+        finally:
+            if hole:
+                hole.close()
+            if d:
+                d.kill()
+            r.stop()
 
 
 if __name__ == "__main__":
