@@ -24,6 +24,7 @@
 #   BENCH_REDIS_KEYS  keys in the Redis source's initial-sync run (default 1000000)
 #   BENCH_FS_FILES    files in the fs: source's first-scan run, on tmpfs (default 1000000)
 #   BENCH_FS_RENAMES  renames timed until visible in GET (default 10000)
+#   BENCH_FLEET_SECS  seconds of each fleet-directory round (default 1.5)
 #   BENCH_PIN         1 = server on CPU 0, client on CPU 1 (default 1 if nproc >= 2)
 set -u
 B=${1:-build-bench}
@@ -83,7 +84,7 @@ echo "kvidx bench: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "machine: nproc=$NPROC cpu=\"$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)\" kernel=$(uname -r)"
 echo "pinning: $([ "$PIN" = 1 ] && echo 'servers on CPU 0, clients (wrk, bench_http) on CPU 1' || echo none)"
 
-for p in kvidxd bench_index bench_fold bench_json bench_http bench_lookup bench_persist bench_cpu bench_redis_source bench_fs_source; do
+for p in kvidxd bench_index bench_fold bench_json bench_http bench_lookup bench_persist bench_cpu bench_redis_source bench_fs_source bench_fleet; do
     [ -x "$B/$p" ] || { echo "missing $B/$p: build with -DKVIDX_BENCH=ON first" >&2; exit 1; }
 done
 
@@ -455,6 +456,55 @@ row "FS rename->visible in GET p50" "$(val fs_rename_visible_p50_ms "$TMP/fs.txt
 p99=$(val fs_rename_visible_p99_ms "$TMP/fs.txt")
 row "FS rename->visible in GET p99 (target<=50)" "$p99" "ms $(meets_le "$p99" 50)"
 row "FS daemon RSS per indexed file" "$(val fs_rss_bytes_per_file "$TMP/fs.txt")" "bytes/file (32-byte hashes)"
+
+# ---------------------------------------------------------------- 8. fleet directory
+# LMCache's coordinator surface (docs/fleet.md): POST /events of 1000-entry
+# store batches (the same keys re-stored, without and with 256 token ids an
+# entry; and new keys) beside the cJSON parse of the same body and Redis
+# MSET of the same 1000 keys; the tokens form of /directory/lookup for a
+# 32,768-token prompt at world size 8 beside the parse of its body; resident
+# bytes per key, per extra placement and per token id at 1M keys; fencing an
+# instance that holds 1M L1 placements (the request's time and how long a
+# probe on another connection waits for the loop).
+FLEET_SECS=${BENCH_FLEET_SECS:-1.5}
+say "fleet directory: /events, /directory/lookup tokens form, memory at 1M keys, fence of 1M L1 placements"
+start_kvidxd
+FRPORT=0
+FRPID=0
+if have redis-server; then
+    FRPORT=$(free_port 8)
+    $SRV redis-server --port "$FRPORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+        --dir "$TMP" --logfile "$TMP/redis-fleet.log" >/dev/null 2>&1 &
+    FRPID=$!
+    PIDS="$PIDS $FRPID"
+    wait_port "$FRPORT" || { FRPORT=0; FRPID=0; }
+fi
+$CLI timeout 900 "$B/bench_fleet" "$KPORT" "$KPID" "$FRPORT" "$FRPID" "$FLEET_SECS" | tee "$TMP/fleet.txt" ||
+    { echo "bench_fleet failed or timed out"; FAILED="$FAILED fleet"; }
+stop_pid "$KPID"
+[ "$FRPID" != 0 ] && stop_pid "$FRPID"
+f() { val "$1" "$TMP/fleet.txt"; }
+row "fleet /events 1000 entries: entries/s" "$(f events_store1000_entries_per_s)" "entries/s (same keys re-stored)"
+row "fleet /events server CPU per entry" "$(f events_store1000_server_cpu_per_entry)" "us (cJSON parse $(f events_store1000_parse_floor_per_entry) us)"
+r=$(f events_store1000_vs_parse)
+row "fleet /events / parse floor (target<=2)" "$r" "x $(meets_le "$r" 2)"
+r=$(f events_store1000_vs_redis_mset)
+row "fleet Redis MSET CPU / /events CPU (target>=1)" "$r" "x $(meets "$r" 1) (MSET $(f events_store1000_redis_mset_cpu_per_key) us/key)"
+row "fleet /events +256 tokens: entries/s" "$(f events_store1000_tokens256_entries_per_s)" "entries/s ($(f events_store1000_tokens256_server_cpu_per_entry) us CPU/entry)"
+r=$(f events_store1000_tokens256_vs_parse)
+row "fleet /events +256 tokens / parse (target<=2)" "$r" "x $(meets_le "$r" 2)"
+r=$(f events_store1000_tokens256_vs_redis_mset)
+row "fleet +256 tokens: MSET CPU / CPU (target>=1)" "$r" "x $(meets "$r" 1)"
+row "fleet /events new keys: entries/s" "$(f events_store1000_new_keys_entries_per_s)" "entries/s ($(f events_store1000_new_keys_server_cpu_per_entry) us CPU/entry)"
+r=$(f lookup_tokens_vs_parse)
+row "fleet lookup 32768 tokens ws8 / parse (<=3)" "$r" "x $(meets_le "$r" 3) ($(f lookup_tokens_server_cpu) us CPU)"
+r=$(f resident_per_key_one_placement)
+row "fleet RSS/key, 1 placement (target<=120)" "$r" "B $(meets_le "$r" 120) (allocated $(f directory_bytes_per_key_one_placement) B)"
+r=$(f resident_per_extra_placement)
+row "fleet RSS/extra placement (target<=24)" "$r" "B $(meets_le "$r" 24) (allocated $(f directory_bytes_per_extra_placement) B)"
+r=$(f resident_per_token_id)
+row "fleet RSS/token id (target<=4.2)" "$r" "B $(meets_le "$r" 4.2) (allocated $(f directory_bytes_per_token_id) B)"
+row "fleet fence of 1M L1 placements" "$(f fence_1M_l1_request)" "ms request ($(f fence_1M_l1_probe_wait) ms loop pause seen by a probe)"
 
 echo
 echo "================================ summary ================================"
