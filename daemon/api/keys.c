@@ -20,6 +20,7 @@
 #include "util/log.h"
 #include "util/metrics.h"
 #include "state/persist/persist.h"
+#include "state/sources.h"
 
 #include "kvidx/err.h"
 #include "kvidx/list_query.h"
@@ -465,7 +466,9 @@ static int keys_delete(const struct request *req, struct response *res)
         res_problem(res, KVIDX_ENOMEM, "out of memory; nothing was deleted", NULL, 0);
         goto out;
     }
-    uint64_t counts[3] = {0, 0, 0};
+    /* skipped_source: keys whose only copy in the tiers named is held by
+     * an L2 source, which the API cannot delete (nothing was deleted). */
+    uint64_t counts[4] = {0, 0, 0, 0};
     for (i = 0; i < n; i++) {
         if (dup[i])
             continue;
@@ -473,10 +476,13 @@ static int keys_delete(const struct request *req, struct response *res)
         kvidx_index_delete(ks_of(req)->idx, &keys[i], tier, force, &o);
         counts[o]++;
     }
-    buf_printf(&res->body, "{\"deleted\":%llu,\"not_found\":%llu,\"skipped_pinned\":%llu}",
+    buf_printf(&res->body,
+               "{\"deleted\":%llu,\"not_found\":%llu,\"skipped_pinned\":%llu,"
+               "\"skipped_source\":%llu}",
                (unsigned long long)counts[KVIDX_DEL_DELETED],
                (unsigned long long)counts[KVIDX_DEL_NOT_FOUND],
-               (unsigned long long)counts[KVIDX_DEL_SKIPPED_PINNED]);
+               (unsigned long long)counts[KVIDX_DEL_SKIPPED_PINNED],
+               (unsigned long long)counts[KVIDX_DEL_SKIPPED_SOURCE]);
     res_json(res, 200);
     goto out;
 
@@ -609,6 +615,14 @@ static int key_get(const struct request *req, struct response *res)
     jw_key(&w, "key");
     jw_key_object(&w, &stored);
     write_entry_state(&w, &info);
+    /* The L2 sources holding the key ([] when none). */
+    const struct source *held[SOURCES_MAX];
+    size_t nheld = sources_holding(req->app, &stored, held, SOURCES_MAX);
+    jw_key(&w, "l2_sources");
+    jw_arr_begin(&w);
+    for (size_t i = 0; i < nheld; i++)
+        jw_str(&w, held[i]->name);
+    jw_arr_end(&w);
     jw_obj_end(&w);
     res_json(res, 200);
     return 0;
@@ -723,6 +737,11 @@ static int key_delete(const struct request *req, struct response *res)
                            "the key's L1 copy is pinned or loading; use force=true", NULL, 0);
     kvidx_del_outcome_t o = KVIDX_DEL_NOT_FOUND;
     kvidx_index_delete(idx, &k, tier, force, &o);
+    if (o == KVIDX_DEL_SKIPPED_SOURCE)
+        return res_problem(res, KVIDX_ECONFLICT,
+                           "the key's only copy is held by an L2 source (l2_source), which "
+                           "follows its store: delete it there",
+                           NULL, 0);
     if (o != KVIDX_DEL_DELETED)
         return res_problem(res, KVIDX_ENOTFOUND, "the key has no copy in that tier", NULL, 0);
     res->status = 204;
