@@ -3,8 +3,18 @@
  *
  * Invariants: every entry's digest is the keyed BLAKE2b-256 of its token
  * under the table's key; no two entries have the same digest (a token given
- * twice is a file error); no token is kept in the clear, and no error
- * message quotes a line's bytes. A failed parse frees everything it built.
+ * twice is a file error); the open-addressing table `slots` (a power of two
+ * of at least twice the entries) holds 1 + the index of every entry exactly
+ * once, placed by the first 8 bytes of its digest; no token is kept in the
+ * clear, and no error message quotes a line's bytes. A failed parse frees
+ * everything it built.
+ *
+ * A lookup digests the presented token and probes the table by that
+ * digest, comparing whole digests with sodium_memcmp: its time depends on
+ * where the digest of the presented token falls, which nobody can steer
+ * without the table's random key, and never on how many bytes of it match
+ * a stored token. It costs one digest and a probe or two, however many
+ * tokens the file holds.
  */
 #include "kvidx/tokens.h"
 
@@ -25,7 +35,18 @@ struct kvidx_tokens {
     uint8_t key[crypto_generichash_KEYBYTES];
     struct entry *items;
     size_t n, cap;
+    uint32_t *slots; /* 1 + entry index, 0 when empty */
+    size_t nslots;   /* power of two, or 0 when there is no entry */
 };
+
+/* Where a digest starts its probe. */
+static size_t slot_of(const kvidx_tokens_t *t, const uint8_t *d)
+{
+    uint64_t h = 0;
+    for (int i = 0; i < 8; i++)
+        h = h << 8 | d[i];
+    return (size_t)h & (t->nslots - 1);
+}
 
 static void digest(const kvidx_tokens_t *t, const char *token, size_t n, uint8_t *out)
 {
@@ -165,14 +186,10 @@ static int parse_options(const char *s, const char *end, kvidx_principal_t *p, c
     return 0;
 }
 
-static int add_entry(kvidx_tokens_t *t, const struct entry *e, const char **why)
+static int add_entry(kvidx_tokens_t *t, const struct entry *e)
 {
-    for (size_t i = 0; i < t->n; i++) {
-        if (sodium_memcmp(t->items[i].digest, e->digest, DIGEST_BYTES) == 0) {
-            *why = "the same token is given twice";
-            return KVIDX_EINVAL;
-        }
-    }
+    if (t->n >= UINT32_MAX / 4)
+        return KVIDX_ENOMEM;
     if (t->n == t->cap) {
         size_t cap = t->cap ? t->cap * 2 : 8;
         struct entry *items = kvidx_realloc(t->items, cap * sizeof(*items));
@@ -208,9 +225,36 @@ static int parse_line(kvidx_tokens_t *t, const char *s, const char *end, unsigne
     e.p.id = lineno;
     int rc = parse_options(s, end, &e.p, why);
     if (rc == 0)
-        rc = add_entry(t, &e, why);
+        rc = add_entry(t, &e);
     sodium_memzero(&e, sizeof(e));
     return rc;
+}
+
+/* Places every entry in the table: 0, KVIDX_ENOMEM, or KVIDX_EINVAL with
+ * *dup_line the line of a token given again. */
+static int build_slots(kvidx_tokens_t *t, unsigned *dup_line)
+{
+    if (t->n == 0)
+        return 0;
+    size_t cap = 8;
+    while (cap < 2 * t->n)
+        cap *= 2;
+    t->slots = kvidx_calloc(cap, sizeof(*t->slots));
+    if (!t->slots)
+        return KVIDX_ENOMEM;
+    t->nslots = cap;
+    for (size_t i = 0; i < t->n; i++) {
+        size_t j = slot_of(t, t->items[i].digest);
+        for (; t->slots[j]; j = (j + 1) & (cap - 1)) {
+            if (sodium_memcmp(t->items[t->slots[j] - 1].digest, t->items[i].digest, DIGEST_BYTES) ==
+                0) {
+                *dup_line = t->items[i].p.id;
+                return KVIDX_EINVAL;
+            }
+        }
+        t->slots[j] = (uint32_t)(i + 1);
+    }
+    return 0;
 }
 
 int kvidx_tokens_parse(const char *text, size_t n, kvidx_tokens_t **out, unsigned *err_line,
@@ -250,6 +294,14 @@ int kvidx_tokens_parse(const char *text, size_t n, kvidx_tokens_t **out, unsigne
         }
         p = eol ? eol + 1 : end;
     }
+    if (rc == 0) {
+        unsigned dup = 0;
+        rc = build_slots(t, &dup);
+        if (rc == KVIDX_EINVAL) {
+            lineno = dup;
+            *why = "the same token is given twice";
+        }
+    }
     if (rc != 0) {
         *err_line = lineno;
         if (rc == KVIDX_ENOMEM)
@@ -268,6 +320,7 @@ void kvidx_tokens_free(kvidx_tokens_t *t)
     if (t->items)
         sodium_memzero(t->items, t->cap * sizeof(*t->items));
     kvidx_free(t->items);
+    kvidx_free(t->slots);
     sodium_memzero(t, sizeof(*t));
     kvidx_free(t);
 }
@@ -279,16 +332,16 @@ size_t kvidx_tokens_count(const kvidx_tokens_t *t)
 
 int kvidx_tokens_find(const kvidx_tokens_t *t, const char *token, size_t n, kvidx_principal_t *out)
 {
-    if (!t || n < 1 || n > KVIDX_TOKEN_MAX)
+    if (!t || n < 1 || n > KVIDX_TOKEN_MAX || !t->nslots)
         return KVIDX_EUNAUTHORIZED;
     uint8_t d[DIGEST_BYTES];
     digest(t, token, n, d);
-    /* Every entry is compared, match or not: the time depends on the
-     * number of tokens only. */
     size_t found = t->n;
-    for (size_t i = 0; i < t->n; i++) {
-        int same = sodium_memcmp(t->items[i].digest, d, DIGEST_BYTES) == 0;
-        found = same ? i : found;
+    for (size_t j = slot_of(t, d); t->slots[j]; j = (j + 1) & (t->nslots - 1)) {
+        if (sodium_memcmp(t->items[t->slots[j] - 1].digest, d, DIGEST_BYTES) == 0) {
+            found = t->slots[j] - 1;
+            break;
+        }
     }
     sodium_memzero(d, sizeof(d));
     if (found == t->n)

@@ -27,6 +27,22 @@ static void die(const char *m)
     exit(1);
 }
 
+/* "Authorization: Bearer $KVIDX_BENCH_TOKEN\r\n" when that variable is
+ * set (a daemon with auth_tokens_file), else "": every request of the
+ * programs carries it, so the same run measures with and without auth. */
+static const char *auth_header(void)
+{
+    static char h[400];
+    static int done;
+    if (!done) {
+        const char *t = getenv("KVIDX_BENCH_TOKEN");
+        if (t && *t && strlen(t) < 300)
+            snprintf(h, sizeof(h), "Authorization: Bearer %s\r\n", t);
+        done = 1;
+    }
+    return h;
+}
+
 /* The 64 hex digits of key i's chunk hash: every program names the same
  * keys, so one can read what another loaded. */
 static void key_hex(uint64_t i, char out[65])

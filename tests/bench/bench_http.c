@@ -6,13 +6,16 @@
  *                                           keys FIRST*1000 .. (FIRST+BATCHES)*1000-1
  *   bench_http list  PORT MAXPAGES          GET /v1/keys?page_size=1000 through
  *                                           the whole index (at most MAXPAGES pages)
+ *   bench_http get   PORT SECS [NKEYS]      GET /v1/keys/{canonical} of keys
+ *                                           0..NKEYS-1 (default 1000) in turn, SECS s
  *   bench_http zgen  NKEYS                  print RESP "ZADD kvidx 0 <canonical>"
  *                                           commands for the same keys (redis-cli --pipe)
  *   bench_http rlist PORT MAXPAGES          ZRANGEBYLEX kvidx (cursor + LIMIT 0 1000
  *                                           through the whole sorted set
  *
  * Prints "name value unit" lines. Key i: model meta-llama/Llama-3.1-8B,
- * kv_rank 0x01000100, group 0, chunk hash = 32 bytes derived from i.
+ * kv_rank 0x01000100, group 0, chunk hash = 32 bytes derived from i. With
+ * KVIDX_BENCH_TOKEN set, every request carries that bearer token.
  */
 #include "bench_util.h"
 #include <arpa/inet.h>
@@ -52,9 +55,9 @@ static void put(int port, long batches, long first)
         n += (size_t)snprintf(body + n, cap - n, "]}");
         size_t rn =
             (size_t)snprintf(req, cap + 256,
-                             "PUT /v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                             "PUT /v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\n%s"
                              "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                             n);
+                             auth_header(), n);
         memcpy(req + rn, body, n);
         double s = now();
         send_all(fd, req, rn + n);
@@ -85,8 +88,8 @@ static void list(int port, long maxpages)
     double t0 = now();
     while (pages < maxpages) {
         int n = snprintf(req, sizeof(req),
-                         "GET /v1/keys?page_size=1000%s%s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
-                         tok[0] ? "&page_token=" : "", tok);
+                         "GET /v1/keys?page_size=1000%s%s HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n",
+                         tok[0] ? "&page_token=" : "", tok, auth_header());
         send_all(fd, req, (size_t)n);
         const char *b;
         size_t bl;
@@ -128,6 +131,35 @@ static void canonical(uint64_t i, char *out, size_t cap, size_t *n)
     char hex[65];
     key_hex(i, hex);
     *n = (size_t)snprintf(out, cap, "%s@%08x@0@%s", MODEL, RANK, hex);
+}
+
+/* GET of one key at a time, keys 0..nkeys-1 in turn, for secs seconds. */
+static void get(int port, double secs, long nkeys)
+{
+    int fd = dial(port);
+    char req[1024], c[256];
+    size_t cn;
+    long n = 0;
+    double t0 = now(), t;
+    do {
+        canonical((uint64_t)(n % nkeys), c, sizeof(c), &cn);
+        int rn = snprintf(req, sizeof(req), "GET /v1/keys/%s HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n",
+                          c, auth_header());
+        send_all(fd, req, (size_t)rn);
+        const char *b;
+        size_t bl;
+        int st = http_read(fd, &b, &bl);
+        if (st != 200) {
+            fprintf(stderr, "bench_http: GET status %d: %.*s\n", st, (int)(bl > 300 ? 300 : bl), b);
+            exit(1);
+        }
+        n++;
+        t = now();
+    } while (t - t0 < secs);
+    printf("get_requests %ld req\n", n);
+    printf("get_req_per_s %.0f req/s\n", (double)n / (t - t0));
+    printf("get_us_per_req %.2f us\n", (t - t0) * 1e6 / (double)n);
+    close(fd);
 }
 
 static void zgen(long nkeys)
@@ -211,7 +243,8 @@ int main(int argc, char **argv)
         return 0;
     }
     if (argc < 4) {
-        fprintf(stderr, "usage: bench_http put|list|rlist PORT N [FIRST] | zgen NKEYS\n");
+        fprintf(stderr, "usage: bench_http put|list|rlist PORT N [FIRST] | get PORT SECS [NKEYS] "
+                        "| zgen NKEYS\n");
         return 2;
     }
     int port = atoi(argv[2]);
@@ -222,6 +255,8 @@ int main(int argc, char **argv)
         list(port, n);
     else if (!strcmp(argv[1], "rlist"))
         rlist(port, n);
+    else if (!strcmp(argv[1], "get"))
+        get(port, atof(argv[3]), argc > 4 ? atol(argv[4]) : 1000);
     else
         return 2;
     return 0;

@@ -140,11 +140,11 @@ static int http(int fd, const char *method, const char *path, const struct str *
     req.n = 0;
     if (body)
         sput(&req,
-             "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Type: application/json\r\n"
              "Content-Length: %zu\r\n\r\n",
-             method, path, body->n);
+             method, path, auth_header(), body->n);
     else
-        sput(&req, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", method, path);
+        sput(&req, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n", method, path, auth_header());
     if (body) {
         while (req.n + body->n + 1 > req.cap) {
             req.cap *= 2;

@@ -17,8 +17,10 @@
  *
  * The table keeps no token in the clear: each is kept as a keyed BLAKE2b
  * digest (the key is random per table), and a lookup digests the presented
- * token and compares it with every entry without stopping early, so the
- * time it takes does not depend on which bytes matched.
+ * token and finds that digest in a hash table, comparing whole digests in
+ * constant time: the time it takes depends only on the presented token's
+ * digest (unpredictable without the key), never on which bytes of a stored
+ * token it shares, and hardly on how many tokens there are.
  */
 #ifndef KVIDX_TOKENS_H
 #define KVIDX_TOKENS_H
@@ -59,9 +61,8 @@ int kvidx_tokens_parse(const char *text, size_t n, kvidx_tokens_t **out, unsigne
 void kvidx_tokens_free(kvidx_tokens_t *t);
 size_t kvidx_tokens_count(const kvidx_tokens_t *t);
 
-/* Finds the principal of a presented token, in time independent of the
- * token's bytes (for a given table and token length bound). 0 and *out, or
- * KVIDX_EUNAUTHORIZED. */
+/* Finds the principal of a presented token, in time that tells nothing of
+ * the stored tokens (see above). 0 and *out, or KVIDX_EUNAUTHORIZED. */
 int kvidx_tokens_find(const kvidx_tokens_t *t, const char *token, size_t n, kvidx_principal_t *out);
 
 /* The i-th principal, in file order (0 or KVIDX_ENOTFOUND). */

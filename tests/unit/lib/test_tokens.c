@@ -229,3 +229,38 @@ Test(tokens, out_of_memory_at_every_allocation)
     }
     cr_assert(done);
 }
+
+/* Many tokens: every one is found with its own principal, none that is not
+ * in the file, and a repeat among thousands is found with its line. */
+Test(tokens, many_tokens_in_the_table)
+{
+    enum { N = 5000 };
+    size_t cap = (size_t)N * 48 + 64;
+    char *text = malloc(cap);
+    size_t n = 0;
+    for (int i = 0; i < N; i++)
+        n += (size_t)snprintf(text + n, cap - n, "tok-%d-x %s salt=s%d\n", i,
+                              i % 2 ? "read" : "write", i);
+    kvidx_tokens_t *t = parse_ok(text);
+    cr_assert_eq(kvidx_tokens_count(t), N);
+    for (int i = 0; i < N; i++) {
+        char tok[32], salt[16];
+        snprintf(tok, sizeof(tok), "tok-%d-x", i);
+        snprintf(salt, sizeof(salt), "s%d", i);
+        kvidx_principal_t p = find(t, tok);
+        cr_assert_str_eq(p.salt, salt);
+        cr_assert_eq(p.id, (uint32_t)i + 1);
+        snprintf(tok, sizeof(tok), "tok-%d-y", i);
+        cr_assert_eq(kvidx_tokens_find(t, tok, strlen(tok), &p), KVIDX_EUNAUTHORIZED);
+    }
+    kvidx_tokens_free(t);
+    n += (size_t)snprintf(text + n, cap - n, "tok-4321-x admin\n");
+    const char *why;
+    cr_assert_eq(parse_err(text, &why), N + 1);
+    cr_assert(strstr(why, "twice"), "%s", why);
+    free(text);
+    kvidx_tokens_t *none = parse_ok("# nothing\n");
+    kvidx_principal_t p;
+    cr_assert_eq(kvidx_tokens_find(none, "x", 1, &p), KVIDX_EUNAUTHORIZED);
+    kvidx_tokens_free(none);
+}
