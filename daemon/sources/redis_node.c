@@ -414,8 +414,11 @@ static void on_dbsize(redisAsyncContext *ac, void *reply, void *priv)
     (void)ac;
     if (!rn_cmd_reply(n, r))
         return;
-    if (r->type == REDIS_REPLY_INTEGER && r->integer >= 0)
+    if (r->type == REDIS_REPLY_INTEGER && r->integer >= 0) {
         n->dbsize = n->dbsize_at_hb = (uint64_t)r->integer;
+        n->probe_dbsize_in = 1;
+        rn_probe_check(n);
+    }
 }
 
 static void on_publish(redisAsyncContext *ac, void *reply, void *priv)
@@ -459,6 +462,8 @@ static void on_tick(uv_timer_t *t)
         const char *publish[3] = {"PUBLISH", n->hb_channel, seq};
         n->hb_outstanding = 1;
         n->hb_sent_ms = now;
+        n->probe_dbsize_in = n->probe_hb_in = 0;
+        n->probe_resyncs = n->resyncs;
         if (rn_send_strs(n, n->cmd, on_dbsize, n, 1, dbsize) != 0 ||
             rn_send_strs(n, n->cmd, on_publish, n, 3, publish) != 0) {
             rn_fail(n, "cannot send to %s", n->label);

@@ -111,6 +111,10 @@ struct redis_node {
     int hb_outstanding;
     uint64_t dbsize, dbsize_at_hb;
     int dbsize_short; /* consecutive probes with fewer keys than held */
+    /* The current probe's DBSIZE reply and heartbeat have come in: the
+     * check runs when the later of the two does. */
+    int probe_dbsize_in, probe_hb_in;
+    uint64_t probe_resyncs; /* scans completed when the probe was sent */
     uint64_t cmd_inflight, last_reply_ms;
     uint64_t ticks;
 

@@ -51,6 +51,10 @@ int rn_is_error(const redisReply *r, const char *prefix);
 void rn_advance(struct redis_node *n);
 /* Starts a full scan, or asks for another one after the current (redis_sync.c). */
 void rn_start_scan(struct redis_node *n);
+/* Compares the probe's DBSIZE with the keys held once both its DBSIZE
+ * reply and its heartbeat are in; rescans when keys went without events
+ * (redis_sync.c). */
+void rn_probe_check(struct redis_node *n);
 /* Every reply and message of the subscriber connection (redis_sync.c). */
 void rn_on_sub_msg(redisAsyncContext *ac, void *reply, void *priv);
 

@@ -15,7 +15,10 @@
  * node is importing counts as the node's. The flush check
  * compares DBSIZE with the keys held only when the heartbeat published
  * after it has come back on the subscriber, i.e. once every event the
- * server sent before the DBSIZE has been applied.
+ * server sent before the DBSIZE has been applied, and the DBSIZE reply
+ * itself has come in (the two connections are read independently: under
+ * load the heartbeat often arrives first, and the DBSIZE known then is the
+ * previous probe's, from before the keys added since).
  */
 #include "sources/redis_node.h"
 #include "sources/redis_node_int.h"
@@ -259,6 +262,17 @@ static void on_heartbeat(struct redis_node *n, const redisReply *payload)
         n->lag_max_ms = n->lag_ms;
     if (n->scanning || !n->ever_scanned)
         return;
+    n->probe_hb_in = 1;
+    rn_probe_check(n);
+}
+
+void rn_probe_check(struct redis_node *n)
+{
+    /* A scan that ended since the DBSIZE may hold keys added after it. */
+    if (!n->probe_hb_in || !n->probe_dbsize_in || n->scanning || !n->ever_scanned ||
+        n->resyncs != n->probe_resyncs)
+        return;
+    n->probe_hb_in = n->probe_dbsize_in = 0;
     uint64_t held = n->owner.held(n->owner.ctx, n);
     if (n->dbsize_at_hb < held) {
         /* Two probes in a row, so that a burst of deletions racing the

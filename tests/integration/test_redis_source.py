@@ -204,6 +204,22 @@ class RedisSourceTest(unittest.TestCase):
         self.set_many(range(300, 400))
         self.converge("notifications switched off while live")
 
+    def test_steady_writes_cause_no_rescan(self):
+        # The flush check (DBSIZE below the keys known) must allow for the
+        # keys added between the DBSIZE and the heartbeat: writes that go
+        # on for several probes are no reason to rescan.
+        self.start()
+        deadline, i = time.monotonic() + 4, 0
+        while time.monotonic() < deadline:
+            self.set_many(range(i, i + 100))
+            i += 100
+            time.sleep(0.005)
+        self.converge("steady writes")
+        st = source_stats(self.d)
+        self.assertEqual(st.get("flushes_detected"), 0, (st, self.d.log()[-3000:]))
+        self.assertEqual(st.get("scans"), 1, st)
+        self.assertNotIn("rescanning", self.d.log())
+
     def test_configure_turns_notifications_on(self):
         self.c.cmd("CONFIG", "SET", "notify-keyspace-events", "")
         self.start(l2_source_configure="yes", l2_source_rescan_s=3600)
