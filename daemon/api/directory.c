@@ -1,5 +1,6 @@
 /*
- * The fleet directory's reads: LMCache's GET /directory/keys, POST
+ * The fleet directory's reads: LMCache's GET /directory/keys (offset
+ * paging, and kvidx's exactly-once page_token paging), POST
  * /directory/lookup and GET /directory/stats, and kvidx's own GET
  * /directory/streams (the gate's cursors) and POST /directory/score (each
  * instance's servable prefix for a request).
@@ -14,13 +15,18 @@
 #include "api/fleet_json.h"
 
 #include "state/fleet.h"
+#include "state/keystore.h"
 #include "util/context.h"
 
+#include "kvidx/blake3.h"
 #include "kvidx/err.h"
+#include "kvidx/list_query.h"
+#include "kvidx/page_token.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int answer_oom(struct response *res)
 {
@@ -79,6 +85,88 @@ static int list_row(void *ctx, kvidx_dir_row_t *row)
     return w->b->failed ? KVIDX_ENOMEM : 0;
 }
 
+/* The digest a listing's page token is bound to: the filters, so that a
+ * token used with other filters is refused. */
+static void keys_digest(const kvidx_dir_filter_t *f, uint8_t out[KVIDX_LIST_DIGEST_LEN])
+{
+    kvidx_blake3_t h;
+    uint8_t full[KVIDX_BLAKE3_OUT_LEN];
+    uint8_t tier = (uint8_t)f->tier;
+    uint32_t il = (uint32_t)f->instance_len, bl = (uint32_t)f->backend_len;
+    kvidx_blake3_init(&h);
+    kvidx_blake3_update(&h, "kvidx fleet keys", 16);
+    kvidx_blake3_update(&h, &tier, 1);
+    kvidx_blake3_update(&h, &il, sizeof(il));
+    kvidx_blake3_update(&h, f->instance_id, f->instance_len);
+    kvidx_blake3_update(&h, &bl, sizeof(bl));
+    kvidx_blake3_update(&h, f->backend, f->backend_len);
+    kvidx_blake3_final(&h, full, sizeof(full));
+    memcpy(out, full, KVIDX_LIST_DIGEST_LEN);
+}
+
+/* kvidx's resumable listing (page_token present, empty for the first
+ * page): the keys after the token's, at most limit of them and at most
+ * 10 x limit + 1000 examined, and the token of the next page or null. A
+ * key present from the first page to the last is listed exactly once. */
+static int keys_by_token(const struct request *req, struct response *res,
+                         const kvidx_dir_filter_t *f, const char *tok, size_t tok_len,
+                         uint64_t limit)
+{
+    const struct keystore *ks = req->app->keystore;
+    uint8_t digest[KVIDX_LIST_DIGEST_LEN];
+    keys_digest(f, digest);
+    uint64_t now_s = (uint64_t)time(NULL);
+    kvidx_page_cursor_t *cur = malloc(sizeof(*cur));
+    if (!cur)
+        return answer_oom(res);
+    const kvidx_key_t *after = NULL;
+    if (tok_len) {
+        int rc = kvidx_page_token_decode(&ks->keyring, tok, tok_len, now_s,
+                                         req->app->cfg.page_token_ttl_s, digest, cur);
+        if (rc != 0) {
+            free(cur);
+            return res_problem(res, rc,
+                               rc == KVIDX_ETOKENMISMATCH
+                                   ? "the page token was issued for other filters"
+                                   : (rc == KVIDX_ETOKENEXPIRED
+                                          ? "the page token has expired; list again"
+                                          : "the page token is not valid"),
+                               NULL, 0);
+        }
+        after = &cur->key;
+    }
+    struct jw w;
+    jw_init(&w, &res->body);
+    jw_obj_begin(&w);
+    jw_key(&w, "keys");
+    jw_arr_begin(&w);
+    struct list_ctx lc = {&w};
+    kvidx_key_t resume;
+    int more = 0;
+    int rc = kvidx_directory_scan(req->app->fleet->dir, f, after, (size_t)limit,
+                                  (size_t)(10 * limit + 1000), list_row, &lc, &resume, &more);
+    free(cur);
+    jw_arr_end(&w);
+    jw_key(&w, "next_page_token");
+    if (rc == 0 && more) {
+        char t[KVIDX_PAGE_TOKEN_STR_MAX + 1];
+        size_t tn = sizeof(t);
+        if (kvidx_page_token_encode(kvidx_token_keyring_current(&ks->keyring), now_s, digest,
+                                    &resume, 0, t, &tn) != 0) {
+            buf_reset(&res->body);
+            return res_problem(res, KVIDX_EINTERNAL, "could not sign the page token", NULL, 0);
+        }
+        jw_strn(&w, t, tn);
+    } else {
+        jw_null(&w);
+    }
+    jw_obj_end(&w);
+    if (rc != 0 || res->body.failed)
+        return answer_oom(res);
+    res_json(res, 200);
+    return 0;
+}
+
 static int api_dir_keys(const struct request *req, struct response *res)
 {
     struct param_errors pe;
@@ -108,6 +196,13 @@ static int api_dir_keys(const struct request *req, struct response *res)
         param_errors_add(&pe, "must be an integer >= 0", "offset");
     if (query_uint(req, "limit", 1, 10000, &limit) < 0)
         param_errors_add(&pe, "must be an integer 1..10000", "limit");
+    char tok[KVIDX_PAGE_TOKEN_STR_MAX + 1];
+    size_t tok_len = 0;
+    int has_token = query_get(req->query, "page_token", tok, sizeof(tok), &tok_len);
+    if (has_token < 0)
+        param_errors_add(&pe, "is not a page token", "page_token");
+    if (has_token > 0 && query_uint(req, "offset", 0, UINT64_MAX, &offset) > 0)
+        param_errors_add(&pe, "cannot be used with page_token", "offset");
     if (pe.n) {
         fj_unprocessable(&pe, res, "the query is not valid", 0);
         return 0;
@@ -117,6 +212,8 @@ static int api_dir_keys(const struct request *req, struct response *res)
     f.instance_len = inst_len;
     f.backend = backend;
     f.backend_len = backend_len;
+    if (has_token > 0)
+        return keys_by_token(req, res, &f, tok, tok_len, limit);
 
     /* LMCache writes total before keys; the rows go to a side buffer
      * until the walk has counted them. */

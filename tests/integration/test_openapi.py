@@ -457,6 +457,8 @@ class AnswersTest(unittest.TestCase):
         c("POST", "/events", "/events", b"{", 400)
         c("GET", "/directory/keys", "/directory/keys?tier=l1&limit=5", status=200)
         c("GET", "/directory/keys", "/directory/keys?limit=0", status=422)
+        c("GET", "/directory/keys", "/directory/keys?limit=1&page_token=", status=200)
+        c("GET", "/directory/keys", "/directory/keys?page_token=AAAA", status=400)
         for p in ("/directory/lookup", "/directory/score"):
             c("POST", p, p, {"keys": [K("00"), K("09")]}, 200)
             c("POST", p, p, {"token_ids": [1] * 300, "model_name": "m", "world_size": 2}, 200)
