@@ -199,6 +199,19 @@ class RedisClusterTest(unittest.TestCase):
         self.converge(d1, "after resharding")
         self.converge(d2, "second daemon")
         self.assertEqual(kvidx_keys(d1), kvidx_keys(d2))
+        # The figures: the source is live with every key, the failed-over
+        # primary is retired, and each node holds what its primary holds.
+        want = self.union()
+        for d in (d1, d2):
+            st = d.request("GET", "/v1/stats").json()["sources"][0]
+            self.assertEqual((st["kind"], st["state"], st["ready"], st["stale"]),
+                             ("redis+cluster", "live", True, False), st)
+            self.assertEqual(st["keys"], len(want), st)
+            self.assertEqual(st["bytes"], sum(want.values()), st)
+            per_node = {int(n["server"].rsplit(":", 1)[1]): n["keys"] for n in st["nodes"]}
+            self.assertEqual(per_node, {p: len(keyspace(Client(p), "lmc"))
+                                        for p in self.cc.primaries()}, st)
+            self.assertNotIn(victim, per_node)
 
 
 if __name__ == "__main__":
