@@ -181,6 +181,11 @@ static int parse_tokens_form(const struct request *req, struct param_errors *pe,
     }
     uint64_t chunk = req->app->cfg.chunk_size ? req->app->cfg.chunk_size : 256;
     size_t nc = kvidx_token_hash_chain(tokens, nt, chunk, NULL, 0);
+    /* Refused before anything is hashed or allocated for the keys. */
+    if ((uint64_t)nc * ws > req->app->cfg.max_keys_per_request) {
+        free(tokens);
+        return KVIDX_ETOOMANYKEYS;
+    }
     uint8_t(*hashes)[KVIDX_TOKEN_HASH_LEN] = malloc((nc ? nc : 1) * KVIDX_TOKEN_HASH_LEN);
     size_t nkeys = nc * ws;
     out->keys = malloc((nkeys ? nkeys : 1) * sizeof(*out->keys));

@@ -474,6 +474,14 @@ def chunk_hashes(tokens, chunk):
 class TestTokensForm(FleetBase):
     settings = {"chunk_size": 16}
 
+    def test_tokens_form_key_count_is_bounded(self):
+        # 40,000 chunks of 16 tokens at world size 8: 320,000 keys, over
+        # max_keys_per_request (262,144): refused before hashing.
+        st, ans = self.call("POST", "/directory/lookup",
+                            {"token_ids": [0] * (16 * 40000), "model_name": "m",
+                             "world_size": 8})
+        self.assertEqual((st, ans["code"]), (413, "too_many_keys"))
+
     def test_tokens_form_matches_b3sum(self):
         rnd = random.Random(3)
         e = self.emitter("mp-t", 1)
