@@ -23,6 +23,7 @@
 #include "util/metrics.h"
 #include "util/sd_notify.h"
 #include "net/server.h"
+#include "state/auth.h"
 #include "app.h"
 
 #include <signal.h>
@@ -271,6 +272,13 @@ int main(int argc, char **argv)
         return 2;
     }
     if (d->opts.check_only) {
+        /* The tokens file is part of the configuration: its errors are
+         * logged (line number, never a token). */
+        if (d->app.cfg.auth_tokens_file[0] && auth_check_file(d->app.cfg.auth_tokens_file) != 0) {
+            fprintf(stderr, "kvidxd: invalid configuration: auth_tokens_file %s cannot be used\n",
+                    d->app.cfg.auth_tokens_file);
+            return 2;
+        }
         printf("kvidxd: configuration ok\n");
         return 0;
     }

@@ -189,6 +189,14 @@ static int load_tokens(const char *path, kvidx_tokens_t **out)
     return rc == KVIDX_ENOMEM ? rc : rc ? KVIDX_EINVAL : 0;
 }
 
+int auth_check_file(const char *path)
+{
+    kvidx_tokens_t *t = NULL;
+    int rc = load_tokens(path, &t);
+    kvidx_tokens_free(t);
+    return rc;
+}
+
 /* ---- the access check ---- */
 
 /* The credential of an Authorization value: "Bearer" in any case, one or

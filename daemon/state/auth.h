@@ -32,6 +32,9 @@ int auth_init(struct app *app);
  * the tokens and quotas in force (and logs why); otherwise the new tokens
  * are in force for the next request. Nothing when auth is off. */
 void auth_reload(struct app *app);
+/* Reads and parses a tokens file without using it (--check-config): 0, or
+ * KVIDX_EINVAL / KVIDX_ENOMEM after logging why. */
+int auth_check_file(const char *path);
 void auth_free(struct app *app);
 /* 1 when tokens are required. */
 int auth_enabled(const struct app *app);

@@ -566,8 +566,13 @@ class Startup(unittest.TestCase):
         self.assertEqual(self.check_config("listen=0.0.0.0:8077").returncode, 2)
         self.assertEqual(self.check_config("listen=0.0.0.0:8077",
                                            "allow_unauthenticated_remote=yes").returncode, 0)
+        tmp = tempfile.mkdtemp(prefix="kvidx-auth-")
+        path = os.path.join(tmp, "tokens")
+        with open(path, "w") as f:
+            f.write("%s read\n" % tok())
+        os.chmod(path, 0o600)
         self.assertEqual(self.check_config("listen=[::]:8077",
-                                           "auth_tokens_file=/etc/kvidx/tokens").returncode, 0)
+                                           "auth_tokens_file=" + path).returncode, 0)
         self.assertEqual(self.check_config("listen=[::1]:8077").returncode, 0)
 
     def test_a_token_file_readable_by_others_is_a_warning(self):
@@ -600,6 +605,14 @@ class Startup(unittest.TestCase):
         rc, text = self.run_kvidxd("listen=127.0.0.1:0",
                                    "auth_tokens_file=" + os.path.join(tmp, "missing"))
         self.assertEqual(rc, 2, text)
+        # --check-config reads the file too.
+        p = self.check_config("auth_tokens_file=" + path)
+        self.assertEqual(p.returncode, 2, p)
+        self.assertIn(b"line 2", p.stderr)
+        self.assertNotIn(secret[:16].encode(), p.stdout + p.stderr)
+        with open(path, "w") as f:
+            f.write("%s read salt=x quota_bytes=1GiB\n" % secret)
+        self.assertEqual(self.check_config("auth_tokens_file=" + path).returncode, 0)
 
 
 if __name__ == "__main__":
