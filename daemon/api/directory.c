@@ -5,15 +5,17 @@
  * /directory/streams (the gate's cursors) and POST /directory/score (each
  * instance's servable prefix for a request).
  *
- * Reads change nothing. Query and body errors answer 422 as LMCache's
- * FastAPI validation does (problem+json here, the fields named in
- * invalid_params); a tokens-form request over 1,000,000 token ids answers
- * 400, as LMCache does.
+ * Reads change nothing. A token bound to a cache_salt sees only that
+ * salt's keys: listings skip the others (total counts only its own),
+ * lookups answer them as unknown, scores count them as held by no one. Query and body errors answer
+ * 422 as LMCache's FastAPI validation does (problem+json here, the fields named in invalid_params);
+ * a tokens-form request over 1,000,000 token ids answers 400, as LMCache does.
  */
 #include "api/api.h"
 #include "api/body.h"
 #include "api/fleet_json.h"
 
+#include "state/auth.h"
 #include "state/fleet.h"
 #include "state/keystore.h"
 #include "util/context.h"
@@ -59,6 +61,10 @@ static int query_uint(const struct request *req, const char *name, uint64_t lo, 
 
 struct list_ctx {
     struct jw *w;
+    /* Set for a salt-bound request: rows of other salts are skipped and
+     * the visible ones counted. */
+    const struct request *req;
+    uint64_t offset, limit, seen;
 };
 
 static void write_row_placements(struct jw *w, kvidx_dir_row_t *row)
@@ -71,10 +77,26 @@ static void write_row_placements(struct jw *w, kvidx_dir_row_t *row)
     jw_arr_end(w);
 }
 
+static int salt_bound(const struct request *req)
+{
+    const char *salt;
+    size_t len;
+    return auth_bound_salt(req, &salt, &len);
+}
+
 static int list_row(void *ctx, kvidx_dir_row_t *row)
 {
     struct list_ctx *lc = ctx;
     struct jw *w = lc->w;
+    if (lc->req && !auth_sees_salt(lc->req, row->key.salt, row->key.salt_len))
+        return 0;
+    if (lc->req) {
+        /* A salt-bound walk over every key: the rows of the page are the
+         * visible ones at [offset, offset + limit). */
+        uint64_t at = lc->seen++;
+        if (at < lc->offset || at - lc->offset >= lc->limit)
+            return 0;
+    }
     jw_obj_begin(w);
     jw_key(w, "key");
     jw_key_object(w, &row->key);
@@ -140,7 +162,9 @@ static int keys_by_token(const struct request *req, struct response *res,
     jw_obj_begin(&w);
     jw_key(&w, "keys");
     jw_arr_begin(&w);
-    struct list_ctx lc = {&w};
+    /* A salt-bound request's page may come out short (rows of other salts
+     * are skipped): next_page_token goes on. */
+    struct list_ctx lc = {&w, salt_bound(req) ? req : NULL, 0, UINT64_MAX, 0};
     kvidx_key_t resume;
     int more = 0;
     int rc = kvidx_directory_scan(req->app->fleet->dir, f, after, (size_t)limit,
@@ -222,9 +246,19 @@ static int api_dir_keys(const struct request *req, struct response *res)
     struct jw rw;
     jw_init(&rw, &rows);
     jw_arr_begin(&rw);
-    struct list_ctx lc = {&rw};
+    struct list_ctx lc = {&rw, NULL, 0, 0, 0};
     uint64_t total = 0;
-    rc = kvidx_directory_list(req->app->fleet->dir, &f, offset, limit, list_row, &lc, &total);
+    if (salt_bound(req)) {
+        /* Only the token's salt: its keys are counted and paged while
+         * every key is walked. */
+        lc.req = req;
+        lc.offset = offset;
+        lc.limit = limit;
+        rc = kvidx_directory_list(req->app->fleet->dir, &f, 0, UINT64_MAX, list_row, &lc, NULL);
+        total = lc.seen;
+    } else {
+        rc = kvidx_directory_list(req->app->fleet->dir, &f, offset, limit, list_row, &lc, &total);
+    }
     jw_arr_end(&rw);
     struct jw w;
     jw_init(&w, &res->body);
@@ -262,7 +296,10 @@ static int api_dir_lookup(const struct request *req, struct response *res)
     jw_arr_begin(&w);
     for (size_t i = 0; i < fk.n && !res->body.failed; i++) {
         kvidx_dir_row_t row;
-        int found = kvidx_directory_lookup(d, &fk.keys[i], &row) == 0;
+        int visible = auth_sees_salt(req, fk.keys[i].salt, fk.keys[i].salt_len);
+        int found = visible && kvidx_directory_lookup(d, &fk.keys[i], &row) == 0;
+        if (!visible)
+            row.token_ids = NULL;
         jw_obj_begin(&w);
         jw_key(&w, "key");
         jw_key_object(&w, &fk.keys[i]);
@@ -431,6 +468,8 @@ static int api_dir_score(const struct request *req, struct response *res)
     kvidx_fold_shape_t shape = {&window, 1, fk.chunks, fk.tokens_form ? fk.world_size : 1};
     kvidx_dir_score_t *scores = NULL;
     size_t count = 0;
+    /* Keys of salts the request may not see count as held by no one. */
+    auth_hide_keys(req, fk.keys, fk.n);
     int rc = kvidx_directory_score(req->app->fleet->dir, fk.keys, fk.n, &shape, &scores, &count);
     if (rc != 0) {
         fleet_keys_free(&fk);

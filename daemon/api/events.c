@@ -14,6 +14,7 @@
 #include "api/body.h"
 #include "api/fleet_json.h"
 
+#include "state/auth.h"
 #include "state/fleet.h"
 #include "state/persist/persist.h"
 #include "util/context.h"
@@ -274,6 +275,13 @@ static int api_events(const struct request *req, struct response *res)
         goto invalid;
     param_errors_free(&pe);
 
+    /* A token bound to a cache_salt may report only that salt's keys
+     * (403 for the whole request, nothing applied). */
+    for (size_t i = 0; i < r.nb; i++)
+        if (r.batches[i].num_entries &&
+            auth_forbid_keys(req, res, &r.batches[i].entries[0].key, sizeof(kvidx_dir_entry_t),
+                             r.batches[i].num_entries) != 0)
+            goto out;
     struct fleet *f = req->app->fleet;
     uint64_t counts[3] = {0, 0, 0};
     int rc = 0;

@@ -455,6 +455,67 @@ class TestInstances(FleetBase):
             live.stop_heartbeats()
 
 
+class TestFleetAccess(unittest.TestCase):
+    """With auth_tokens_file: roles per route, and a salt-bound token sees
+    and reports only its salt's keys."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="kvidx-fleet-auth-")
+        self.tokens = {"W": "tW" + "w" * 30, "A": "tA" + "a" * 30, "RB": "tR" + "b" * 30}
+        path = os.path.join(self.tmp, "tokens")
+        with open(path, "w") as f:
+            f.write("%s write\n%s write salt=alice\n%s read salt=bob\n"
+                    % (self.tokens["W"], self.tokens["A"], self.tokens["RB"]))
+        os.chmod(path, 0o600)
+        self.d = Daemon(settings={"auth_tokens_file": path})
+
+    def tearDown(self):
+        self.d.kill()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def call(self, method, path, body=None, who=None):
+        h = {"Authorization": "Bearer " + self.tokens[who]} if who else {}
+        r = self.d.request(method, path, b"" if body is None else body, h)
+        return r.status, (r.json() if r.body else None)
+
+    def batch(self, seq, *salts):
+        return {"batches": [{"instance_id": "mp-1", "incarnation": 1, "seq": seq,
+                             "event_type": "store", "tier": "l1", "backend": "dram",
+                             "entries": [{"key": key("m", "%02x" % i, salt=s), "size_bytes": 1}
+                                         for i, s in enumerate(salts)]}]}
+
+    def test_roles_and_salts(self):
+        self.assertEqual(self.call("POST", "/events", self.batch(1, ""))[0], 401)
+        self.assertEqual(self.call("POST", "/events", self.batch(1, ""), "RB")[0], 403)
+        st, ans = self.call("POST", "/events", self.batch(1, "alice", "bob", ""), "W")
+        self.assertEqual((st, ans["applied"]), (200, 1))
+        # A salt-bound writer: another salt anywhere in the request is 403,
+        # nothing applied (seq 2 stays free).
+        self.assertEqual(self.call("POST", "/events", self.batch(2, "alice", "bob"), "A")[0], 403)
+        st, ans = self.call("POST", "/events", self.batch(2, "alice"), "A")
+        self.assertEqual((st, ans["applied"]), (200, 1))
+        # The bob reader lists and finds bob's keys only.
+        st, ans = self.call("GET", "/directory/keys", who="RB")
+        self.assertEqual((st, ans["total"]), (200, 1))
+        self.assertEqual([r["key"]["cache_salt"] for r in ans["keys"]], ["bob"])
+        st, ans = self.call("GET", "/directory/keys?page_token=", who="RB")
+        self.assertEqual([r["key"]["cache_salt"] for r in ans["keys"]], ["bob"])
+        st, ans = self.call("GET", "/directory/keys", who="W")
+        self.assertEqual(ans["total"], 3)
+        ask = {"keys": [key("m", "00", salt="alice"), key("m", "01", salt="bob")]}
+        st, ans = self.call("POST", "/directory/lookup", ask, "RB")
+        self.assertEqual([len(r["placements"]) for r in ans["results"]], [0, 1])
+        st, ans = self.call("POST", "/directory/score", ask, "RB")
+        self.assertEqual([(s["instance_id"], s["any_chunks"]) for s in ans["scores"]],
+                         [("mp-1", 0)])
+        st, ans = self.call("POST", "/directory/lookup", ask, "W")
+        self.assertEqual([len(r["placements"]) for r in ans["results"]], [1, 1])
+        self.assertEqual(self.call("POST", "/instances", {"ip": "x", "http_port": 1}, "RB")[0],
+                         403)
+        self.assertEqual(self.call("POST", "/instances", {"ip": "x", "http_port": 1}, "A")[0],
+                         200)
+
+
 def b3(data):
     out = subprocess.run(["b3sum", "--no-names", "--raw"], input=data, capture_output=True,
                          check=True).stdout
