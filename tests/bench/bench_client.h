@@ -30,7 +30,7 @@ static void die(const char *m)
 /* "Authorization: Bearer $KVIDX_BENCH_TOKEN\r\n" when that variable is
  * set (a daemon with auth_tokens_file), else "": every request of the
  * programs carries it, so the same run measures with and without auth. */
-static const char *auth_header(void)
+static inline const char *auth_header(void)
 {
     static char h[400];
     static int done;
