@@ -117,7 +117,11 @@ class FleetBase(unittest.TestCase):
         self.h, self.p = "127.0.0.1", self.d.port
 
     def tearDown(self):
-        self.d.kill()
+        # A clean stop: exit 0 (in the sanitizer build, no leak and no error).
+        try:
+            self.assertEqual(self.d.stop(), 0, self.d.log()[-2000:])
+        finally:
+            self.d.kill()
 
     def call(self, method, path, body=None):
         return post_json(self.h, self.p, method, path, body)
@@ -470,8 +474,11 @@ class TestFleetAccess(unittest.TestCase):
         self.d = Daemon(settings={"auth_tokens_file": path})
 
     def tearDown(self):
-        self.d.kill()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            self.assertEqual(self.d.stop(), 0, self.d.log()[-2000:])
+        finally:
+            self.d.kill()
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def call(self, method, path, body=None, who=None):
         h = {"Authorization": "Bearer " + self.tokens[who]} if who else {}
