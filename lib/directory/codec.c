@@ -457,11 +457,17 @@ static size_t keep_str(kvidx_dir_replay_t *rp, const char *s, size_t n)
     return at;
 }
 
+/* Bytes of the smallest encoded entry: empty model and salt, a 1-byte
+ * hash, no tokens. */
+#define ENTRY_MIN (2 + 2 + 4 + 2 + 1 + KVIDX_HASH_MIN + 8 + 8 + 4)
+
 /* Reads `count` entries into the gathered batch; string and token
  * pointers are offsets until the batch is complete. */
 static int gather(kvidx_dir_replay_t *rp, rd_t *r, uint32_t count)
 {
-    if (rp->have + count > rp->total)
+    /* The count comes from the blob: it must fit the bytes left (an entry
+     * takes at least ENTRY_MIN of them) before anything is sized by it. */
+    if (rp->have + count > rp->total || count > (r->len - r->off) / ENTRY_MIN)
         return KVIDX_EINVAL;
     if (grow((void **)&rp->entries, &rp->entries_cap, (size_t)(rp->have + count),
              sizeof(*rp->entries)) ||
@@ -643,7 +649,8 @@ int kvidx_dir_replay_blob(kvidx_dir_replay_t *rp, kvidx_directory_t *d, const ui
         r_key(&r, &rec.key.key);
         rec.key.last_access = r_f64(&r);
         size_t n = (size_t)r_uint(&r, 4);
-        if (r.bad || n > len)
+        /* A placement takes at least 2 + 8 + 1 + 2 + 8 + 1 bytes. */
+        if (r.bad || n > (r.len - r.off) / 22)
             return KVIDX_EINVAL;
         pl = kvidx_malloc((n ? n : 1) * sizeof(*pl));
         if (!pl)

@@ -277,6 +277,34 @@ Test(directory_codec, truncated_and_corrupt_blobs)
             free(c);
         }
     }
+    /* A MORE blob announcing 2^32 - 1 entries in 5 bytes is refused
+     * before anything is sized by its count (after a BATCH that opened
+     * a batch of as many). */
+    {
+        kvidx_dir_entry_t e1 = mkentry(mkkey("m", "", 0, 0, 1), 1);
+        kvidx_dir_batch_t b1 = mkbatch("mp-z", 1, 1, KVIDX_DIR_STORE, KVIDX_DIR_L1, "dram", &e1, 1);
+        kvidx_dir_change_t ch;
+        memset(&ch, 0, sizeof(ch));
+        ch.type = KVIDX_DIR_CHG_BATCH;
+        ch.batch = &b1;
+        blobs_t one = {0};
+        cr_assert_eq(kvidx_dir_change_encode(&ch, 4096, keep, &one), 0);
+        cr_assert_eq(one.n, 1);
+        /* total (8 bytes) and count (4 bytes) precede the entry: make the
+         * total and the count huge and drop the entry. */
+        size_t entry_len = 2 + 1 + 2 + 0 + 4 + 2 + 1 + 32 + 8 + 8 + 4;
+        size_t head = one.len[0] - entry_len;
+        memset(one.b[0] + head - 12, 0xff, 12);
+        kvidx_directory_t *z = new_dir(0);
+        kvidx_dir_replay_t zr;
+        kvidx_dir_replay_init(&zr, NOW);
+        cr_assert_eq(kvidx_dir_replay_blob(&zr, z, one.b[0], head), KVIDX_EINVAL);
+        uint8_t more[5] = {2, 0xff, 0xff, 0xff, 0xff};
+        cr_assert_eq(kvidx_dir_replay_blob(&zr, z, more, sizeof(more)), KVIDX_EINVAL);
+        kvidx_dir_replay_free(&zr);
+        kvidx_directory_free(z);
+        blobs_free(&one);
+    }
     uint8_t none[1] = {99};
     kvidx_dir_replay_t rp;
     kvidx_dir_replay_init(&rp, NOW);
