@@ -247,7 +247,12 @@ Test(redis_map, against_a_model)
         if (!rmap_live(e))
             continue;
         seen++;
-        int k = atoi(e->key + 4);
+        /* The map's copy of a key is its bytes only, without a NUL. */
+        char kb[32];
+        cr_assert_lt(e->len, sizeof(kb));
+        memcpy(kb, e->key, e->len);
+        kb[e->len] = '\0';
+        int k = atoi(kb + 4);
         cr_assert_eq(e->a, (uint64_t)model[k]);
         if (k % 2 == 0) {
             rmap_del(&m, e);
