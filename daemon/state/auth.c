@@ -3,8 +3,8 @@
  * rules that handlers apply through state/auth.h.
  *
  * The file (auth_tokens_file) is parsed by lib (kvidx/tokens.h), which
- * keeps only keyed digests of the tokens and compares a presented one with
- * every entry in the same time whatever its bytes. It is read at start (a
+ * keeps only keyed digests of the tokens and finds a presented one by its
+ * digest, in a time that tells nothing of the stored tokens. It is read at start (a
  * file that cannot be read or parsed stops the start) and on SIGHUP (then
  * a bad file keeps the tokens in force). A successful read replaces the
  * tokens at once, so a token added before the SIGHUP is valid for the next
@@ -275,10 +275,12 @@ static int guard(void *ctx, struct request *req, struct response *res, const str
 void auth_salt_label(const struct app *app, const char *salt, size_t salt_len, char out[17])
 {
     static const char hex[] = "0123456789abcdef";
-    uint8_t d[8];
-    crypto_generichash(d, sizeof(d), (const unsigned char *)salt, salt_len, app->auth->label_key,
-                       sizeof(app->auth->label_key));
-    for (size_t i = 0; i < sizeof(d); i++) {
+    /* The first 8 bytes of a 16-byte digest (libsodium's shortest). */
+    uint8_t d[crypto_generichash_BYTES_MIN];
+    if (crypto_generichash(d, sizeof(d), (const unsigned char *)salt, salt_len,
+                           app->auth->label_key, sizeof(app->auth->label_key)) != 0)
+        memset(d, 0, sizeof(d));
+    for (size_t i = 0; i < 8; i++) {
         out[2 * i] = hex[d[i] >> 4];
         out[2 * i + 1] = hex[d[i] & 15];
     }
