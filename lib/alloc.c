@@ -3,7 +3,7 @@
  * failures. This is the only mutable file-scope state in lib/, and it is
  * configuration, not data: it is set once before use.
  */
-#include "kvidx/alloc.h"
+#include "alloc_int.h"
 
 #include <stdint.h>
 #include <stdlib.h>

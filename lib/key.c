@@ -11,7 +11,7 @@
  * and the rule with static strings, never echoing the input bytes.
  */
 #include "kvidx/key.h"
-#include "kvidx/bytes.h"
+#include "bytes_int.h"
 #include "kvidx/err.h"
 
 #include <math.h>

@@ -32,8 +32,6 @@
 #include "util/context.h"
 #include "util/json_read.h"
 
-#include "kvidx/bytes.h"
-
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +39,17 @@
 struct cur {
     const char *p, *e;
 };
+
+/* Eight bytes at p as a little-endian word (unaligned). */
+static inline uint64_t load_le64(const char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
 
 static int is_ws(char c)
 {
@@ -94,7 +103,7 @@ static int plain_string(struct cur *c, const char **s, size_t *n)
     const char *q = p;
     for (;;) {
         if (e - q >= 8) {
-            uint64_t x = kvidx_le64(q);
+            uint64_t x = load_le64(q);
             uint64_t hit =
                 control_bytes(x) | zero_bytes(x ^ (ONES * '"')) | zero_bytes(x ^ (ONES * '\\'));
             if (!hit) {

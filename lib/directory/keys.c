@@ -15,7 +15,7 @@
  */
 #include "directory_int.h"
 
-#include "kvidx/siphash.h"
+#include "../siphash_int.h"
 
 /* ---- hashing ---- */
 

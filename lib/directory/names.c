@@ -13,7 +13,7 @@
  */
 #include "directory_int.h"
 
-#include "kvidx/siphash.h"
+#include "../siphash_int.h"
 
 #include <sodium.h>
 

@@ -28,10 +28,10 @@
 #define KVIDX_INDEX_INT_H
 
 #include "kvidx/index.h"
-#include "kvidx/alloc.h"
-#include "kvidx/bytes.h"
+#include "../alloc_int.h"
+#include "../bytes_int.h"
 #include "kvidx/err.h"
-#include "kvidx/siphash.h"
+#include "../siphash_int.h"
 
 #include <sodium.h>
 #include <string.h>

@@ -24,11 +24,4 @@ void *kvidx_calloc(size_t n, size_t size); /* zeroed; NULL on overflow */
 void *kvidx_realloc(void *ptr, size_t size);
 void kvidx_free(void *ptr);
 
-/* For the index's big arrays (record blocks, the hash table): like
- * kvidx_malloc, but a block of 2 MiB or more is 2 MiB-aligned and marked
- * for transparent huge pages where the system has them, which cuts the
- * page faults of a large restore and the page tables fork() copies by up
- * to 512x. Freed with kvidx_free. A hint only: nothing depends on it. */
-void *kvidx_malloc_large(size_t size);
-
 #endif

@@ -10,7 +10,7 @@
 #include "kvidx/alloc.h"
 #include "kvidx/err.h"
 #include "kvidx/index.h"
-#include "kvidx/siphash.h"
+#include "../../../lib/siphash_int.h"
 
 /* The index's private structures, for the test that breaks invariants on
  * purpose and expects kvidx_index_check to notice. */

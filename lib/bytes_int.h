@@ -1,10 +1,10 @@
 /*
- * Little-endian word loads for the word-at-a-time scanners (SipHash, the
- * hex decoder, the daemon's key scanner): one load on x86, a byte swap on
- * big-endian hosts.
+ * Little-endian word loads for lib's word-at-a-time scanners (SipHash,
+ * the hex decoder): one load on x86, a byte swap on big-endian hosts.
+ * Private to lib/.
  */
-#ifndef KVIDX_BYTES_H
-#define KVIDX_BYTES_H
+#ifndef KVIDX_BYTES_INT_H
+#define KVIDX_BYTES_INT_H
 
 #include <stdint.h>
 #include <string.h>

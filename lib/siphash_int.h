@@ -8,10 +8,10 @@
  * rounds). The round counts are parameters so that tests can run this code
  * as SipHash-2-4 and check it against libsodium.
  */
-#ifndef KVIDX_SIPHASH_H
-#define KVIDX_SIPHASH_H
+#ifndef KVIDX_SIPHASH_INT_H
+#define KVIDX_SIPHASH_INT_H
 
-#include "kvidx/bytes.h"
+#include "bytes_int.h"
 
 #include <stddef.h>
 #include <stdint.h>
