@@ -257,13 +257,11 @@ static void on_watchdog(uv_timer_t *t)
     sd_notify_send("WATCHDOG=1");
 }
 
-int main(int argc, char **argv)
+/* Arguments and configuration. Returns -1 to go on, else the exit status. */
+static int configure(struct daemon *d, int argc, char **argv)
 {
-    struct daemon *d = &daemon_g;
     char err[1024] = "";
-
-    int rc = parse_args(argc, argv, &d->opts);
-    if (rc != 0)
+    if (parse_args(argc, argv, &d->opts) != 0)
         return 2;
     if (d->opts.exit_now)
         return 0;
@@ -284,11 +282,27 @@ int main(int argc, char **argv)
     }
     if (d->opts.config_path)
         snprintf(d->app.config_path, sizeof(d->app.config_path), "%s", d->opts.config_path);
-    log_setup(d->app.cfg.log_level, d->app.cfg.log_format);
-    signal(SIGPIPE, SIG_IGN);
-    /* A file-size limit must fail the write (EFBIG → 503), not kill us. */
-    signal(SIGXFSZ, SIG_IGN);
+    return -1;
+}
 
+/* Closes whatever is open after a failed start (subsystems when started). */
+static void abandon(struct daemon *d, int subsystems_up)
+{
+    int left = 0;
+    if (subsystems_up)
+        subsystems_stop(&d->app);
+    uv_walk(&d->loop, close_any, &left);
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&d->loop);
+    if (subsystems_up)
+        subsystems_free(&d->app);
+    metrics_free(d->app.metrics);
+}
+
+/* The loop, the subsystems and the listener. Returns -1 when serving, else
+ * the exit status (everything closed). */
+static int start(struct daemon *d)
+{
     if (uv_loop_init(&d->loop) != 0) {
         log_error("cannot initialize the event loop");
         return 1;
@@ -300,55 +314,48 @@ int main(int argc, char **argv)
         log_error("out of memory");
         return 1;
     }
-    rc = subsystems_init(&d->app);
+    int rc = subsystems_init(&d->app);
     if (rc < 0) {
         log_error("cannot start: %s", kvidx_err_title(rc));
-        int left = 0;
-        uv_walk(&d->loop, close_any, &left);
-        uv_run(&d->loop, UV_RUN_DEFAULT);
-        uv_loop_close(&d->loop);
-        metrics_free(d->app.metrics);
+        abandon(d, 0);
         return d->app.exit_status ? d->app.exit_status : 1;
     }
-
     struct server *srv = NULL;
-    int refused = 0;
     rc = server_start(&d->app, &srv, d->bound, sizeof(d->bound));
+    if (rc < 0) {
+        abandon(d, 1);
+        return 1;
+    }
     /* config_check refused a non-loopback listen without auth; a socket
      * from systemd is held to the same rule, on the address it has. */
-    if (rc == 0 && !d->app.cfg.auth_tokens_file[0] && !d->app.cfg.allow_unauthenticated_remote &&
+    if (!d->app.cfg.auth_tokens_file[0] && !d->app.cfg.allow_unauthenticated_remote &&
         !config_is_loopback(d->bound)) {
         log_error("listening on %s, not a loopback address, with auth off: set auth_tokens_file "
                   "to require bearer tokens, or allow_unauthenticated_remote = yes to serve every "
                   "client without them",
                   d->bound);
         server_close(srv);
-        refused = 1;
+        abandon(d, 1);
+        return 2;
     }
-    if (rc < 0 || refused) {
-        int left = 0;
-        subsystems_stop(&d->app);
-        uv_walk(&d->loop, close_any, &left);
-        uv_run(&d->loop, UV_RUN_DEFAULT);
-        uv_loop_close(&d->loop);
-        subsystems_free(&d->app);
-        metrics_free(d->app.metrics);
-        return refused ? 2 : 1;
-    }
+    return -1;
+}
+
+/* Ready: the summary line, signals, the watchdog and READY=1. */
+static void announce(struct daemon *d)
+{
     d->app.ready = 1;
-    {
-        /* One summary line: version, the address really bound, and every
-         * setting that differs from its default. */
-        struct config defaults;
-        struct buf changed;
-        buf_init(&changed);
-        config_defaults(&defaults);
-        config_diff(&defaults, &d->app.cfg, list_nondefault, &changed);
-        log_info("kvidxd %s listening on %s%s; settings not at their default:%s", KVIDX_VERSION,
-                 d->bound, sd_listen_fds() > 0 ? " (socket activation)" : "",
-                 changed.len ? changed.data : " none");
-        buf_free(&changed);
-    }
+    /* One summary line: version, the address really bound, and every
+     * setting that differs from its default. */
+    struct config defaults;
+    struct buf changed;
+    buf_init(&changed);
+    config_defaults(&defaults);
+    config_diff(&defaults, &d->app.cfg, list_nondefault, &changed);
+    log_info("kvidxd %s listening on %s%s; settings not at their default:%s", KVIDX_VERSION,
+             d->bound, sd_listen_fds() > 0 ? " (socket activation)" : "",
+             changed.len ? changed.data : " none");
+    buf_free(&changed);
 
     uv_signal_init(&d->loop, &d->sig_term);
     uv_signal_init(&d->loop, &d->sig_int);
@@ -369,16 +376,18 @@ int main(int argc, char **argv)
     char status[192];
     snprintf(status, sizeof(status), "READY=1\nSTATUS=listening on %s", d->bound);
     sd_notify_send(status);
+}
 
-    uv_run(&d->loop, UV_RUN_DEFAULT);
-
+/* After the loop: every handle must be closed; 0 on a clean shutdown. */
+static int finish(struct daemon *d)
+{
     /* Everything is closed by now; a straggler is a bug, reported. */
     int left = 0;
     uv_walk(&d->loop, close_any, &left);
     if (left)
         log_warn("shutdown: %d handle(s) were still open", left);
     uv_run(&d->loop, UV_RUN_DEFAULT);
-    rc = uv_loop_close(&d->loop);
+    int rc = uv_loop_close(&d->loop);
     subsystems_free(&d->app);
     metrics_free(d->app.metrics);
     if (rc != 0) {
@@ -387,4 +396,22 @@ int main(int argc, char **argv)
     }
     log_info("stopped");
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct daemon *d = &daemon_g;
+    int status = configure(d, argc, argv);
+    if (status >= 0)
+        return status;
+    log_setup(d->app.cfg.log_level, d->app.cfg.log_format);
+    signal(SIGPIPE, SIG_IGN);
+    /* A file-size limit must fail the write (EFBIG → 503), not kill us. */
+    signal(SIGXFSZ, SIG_IGN);
+    status = start(d);
+    if (status >= 0)
+        return status;
+    announce(d);
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    return finish(d);
 }
