@@ -163,7 +163,10 @@ class RedisServer:
             except OSError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start: " + self.log()[-2000:])
+                log = self.log()[-2000:]
+                self.kill()
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise RuntimeError("redis-server did not start: " + log)
             time.sleep(0.05)
 
     def log(self):

@@ -8,6 +8,7 @@ for key. Bounded to about two minutes."""
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -91,7 +92,10 @@ class RedisClusterTest(unittest.TestCase):
         # A replica's first sync starts at once (no diskless-sync delay).
         args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
                 "--notify-keyspace-events", "AKE", "--repl-diskless-sync-delay", "0")
-        self.servers = []
+        # Cleanups, unlike tearDown, also run when setUp fails half-way: no
+        # server outlives the test.
+        self.servers, self.daemons = [], []
+        self.addCleanup(self.cleanup)
         for i in range(6):
             r = RedisServer(args=args + ("--cluster-config-file", "nodes.conf"),
                             port=free_cluster_port(), name="cl%d" % i)
@@ -116,9 +120,8 @@ class RedisClusterTest(unittest.TestCase):
             return True
         wait_until(synced, 20, "every replica synced")
         self.cc = ClusterClient(ports)
-        self.daemons = []
 
-    def tearDown(self):
+    def cleanup(self):
         for d in self.daemons:
             d.kill()
         for r in self.servers:
@@ -182,17 +185,28 @@ class RedisClusterTest(unittest.TestCase):
         for p in prim:
             ids[p] = Client(p).cmd("CLUSTER", "MYID").decode()
         src, dst = prim[0], prim[1]
+        # redis-cli refuses to reshard until every node agrees on the
+        # configuration, which takes a moment after a failover.
+        wait_until(lambda: subprocess.run(
+            ["redis-cli", "--cluster", "check", "127.0.0.1:%d" % src],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30).returncode == 0,
+            DEADLINE, "the nodes agree after the failover", interval=0.2)
         slots_before = self.slots_of(dst)
+        log = tempfile.TemporaryFile()  # a pipe could fill and stall the reshard
+        self.addCleanup(log.close)
         proc = subprocess.Popen(
             ["redis-cli", "--cluster", "reshard", "127.0.0.1:%d" % src, "--cluster-from", ids[src],
              "--cluster-to", ids[dst], "--cluster-slots", "500", "--cluster-yes"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=log, stderr=subprocess.STDOUT)
         n = 2000
         while proc.poll() is None and n < 6000:
             self.write(range(n, n + 50))
             n += 50
         self.assertGreater(n, 2000, "no write while the slots moved")
-        self.assertEqual(proc.wait(60), 0, "redis-cli --cluster reshard failed")
+        proc.wait(60)
+        log.seek(0)
+        out = log.read().decode(errors="replace")
+        self.assertEqual(proc.returncode, 0, "redis-cli --cluster reshard failed:\n" + out[-3000:])
         self.cc.refresh()
         self.assertEqual(self.slots_of(dst), slots_before + 500, "the slots did not move")
         self.write(range(n, n + 100))

@@ -52,14 +52,16 @@ class RedisSourceTest(unittest.TestCase):
     redis_args = ()
 
     def setUp(self):
+        self.d = self.c = None
         self.r = RedisServer(args=("--notify-keyspace-events", "AKE") + tuple(self.redis_args))
+        self.addCleanup(self.cleanup)  # runs even when setUp fails after this
         self.c = self.r.client()
-        self.d = None
 
-    def tearDown(self):
+    def cleanup(self):
         if self.d:
             self.d.kill()
-        self.c.close()
+        if self.c:
+            self.c.close()
         self.r.stop()
 
     def url(self):
