@@ -333,6 +333,6 @@ out:
 }
 
 const struct route events_routes[] = {
-    {M_POST, "/events", api_events, "fleet_events", ROUTE_WRITE},
+    {M_POST, "/events", api_events, "fleet_events", ROUTE_INGEST},
     {0, NULL, NULL, NULL, 0},
 };

@@ -238,10 +238,10 @@ static int api_healthz(const struct request *req, struct response *res)
 }
 
 const struct route instances_routes[] = {
-    {M_POST, "/instances", api_register, "fleet_instances_register", ROUTE_WRITE},
+    {M_POST, "/instances", api_register, "fleet_instances_register", ROUTE_INGEST},
     {M_GET, "/instances", api_instances, "fleet_instances_list", ROUTE_READ},
-    {M_PUT, "/instances/*/heartbeat", api_heartbeat, "fleet_instances_heartbeat", ROUTE_WRITE},
-    {M_DELETE, "/instances/*", api_deregister, "fleet_instances_delete", ROUTE_WRITE},
-    {M_GET, "/healthz", api_healthz, "fleet_healthz", ROUTE_READ},
+    {M_PUT, "/instances/*/heartbeat", api_heartbeat, "fleet_instances_heartbeat", ROUTE_INGEST},
+    {M_DELETE, "/instances/*", api_deregister, "fleet_instances_delete", ROUTE_INGEST},
+    {M_GET, "/healthz", api_healthz, "fleet_healthz", ROUTE_INGEST_READ},
     {0, NULL, NULL, NULL, 0},
 };

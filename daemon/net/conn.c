@@ -34,6 +34,7 @@
 #include "util/log.h"
 #include "util/metrics.h"
 
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,8 @@ struct pending *conn_pending_new(struct conn *c)
     p->res.owner = p;
     p->res.on_complete = on_res_complete;
     p->req.app = c->app;
+    p->req.peer_family = c->peer_family;
+    memcpy(p->req.peer_addr, c->peer_addr, sizeof(p->req.peer_addr));
     p->req.method = M_OTHER;
     p->req.method_name = "-";
     p->req.path = "";
@@ -606,9 +609,26 @@ struct conn_node *conn_node(struct conn *c)
     return &c->node;
 }
 
+/* Remembers the client's address for the requests (ingest_allow_from). */
+static void note_peer(struct conn *c)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof(ss);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) != 0)
+        return;
+    if (ss.ss_family == AF_INET) {
+        c->peer_family = 4;
+        memcpy(c->peer_addr, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+    } else if (ss.ss_family == AF_INET6) {
+        c->peer_family = 6;
+        memcpy(c->peer_addr, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+    }
+}
+
 void conn_start(struct conn *c)
 {
     uv_tcp_nodelay(&c->tcp, 1);
+    note_peer(c);
     c->anchor_ms = c->last_progress_ms = conn_now_ms(c);
     pump(c);
 }

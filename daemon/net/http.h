@@ -38,6 +38,10 @@ struct request {
     size_t body_len;
     const char *content_type;  /* header value or NULL */
     const char *authorization; /* header value or NULL */
+    /* The client's address as the socket reports it; peer_family 0 when
+     * unknown (the test transport). 4 bytes for family 4, 16 for 6. */
+    int peer_family;
+    uint8_t peer_addr[16];
     int http_major, http_minor;
     const char *route_param; /* the '*' part of the matched route, percent-decoded, or NULL */
     size_t route_param_len;

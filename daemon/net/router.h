@@ -27,7 +27,9 @@ enum route_access {
     ROUTE_ADMIN = 0,
     ROUTE_WRITE,
     ROUTE_READ,
-    ROUTE_OPEN, /* no token at all */
+    ROUTE_OPEN,        /* no token at all */
+    ROUTE_INGEST,      /* write, or no token from an ingest_allow_from network */
+    ROUTE_INGEST_READ, /* read, or no token from an ingest_allow_from network */
 };
 
 struct route {

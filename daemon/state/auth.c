@@ -32,6 +32,7 @@
 #include "util/metrics.h"
 
 #include "kvidx/err.h"
+#include "kvidx/cidr.h"
 #include "kvidx/index_quota.h"
 
 #include <errno.h>
@@ -52,6 +53,7 @@ struct auth {
     uint8_t label_key[crypto_generichash_KEYBYTES];
     uint64_t reloads, reload_failures;
     uint64_t denied_401, denied_403;
+    uint64_t ingest_admitted; /* requests let in by ingest_allow_from */
     int gauges;
 };
 
@@ -238,11 +240,36 @@ static kvidx_role_t role_needed(enum route_access a)
     case ROUTE_READ:
         return KVIDX_ROLE_READ;
     case ROUTE_WRITE:
+    case ROUTE_INGEST:
         return KVIDX_ROLE_WRITE;
+    case ROUTE_INGEST_READ:
+        return KVIDX_ROLE_READ;
     case ROUTE_ADMIN:
     default:
         return KVIDX_ROLE_ADMIN;
     }
+}
+
+/* LMCache's emitter sends no Authorization: a request without one, to an
+ * ingest route, from a network of ingest_allow_from, is admitted as an
+ * unbound writer (its keys' salts are what the batches say). The list is
+ * read from the settings at each use, so SIGHUP changes it. */
+static int ingest_admitted(const struct auth *a, struct request *req, const struct route *route)
+{
+    if (req->authorization || !route || !req->peer_family ||
+        (route->access != ROUTE_INGEST && route->access != ROUTE_INGEST_READ) ||
+        !a->app->cfg.ingest_allow_from[0])
+        return 0;
+    kvidx_cidr_list_t nets;
+    size_t bad;
+    const char *s = a->app->cfg.ingest_allow_from;
+    if (kvidx_cidr_parse(s, strlen(s), &nets, &bad) != 0 ||
+        !kvidx_cidr_match(&nets, req->peer_family, req->peer_addr))
+        return 0;
+    memset(&req->principal_buf, 0, sizeof(req->principal_buf));
+    req->principal_buf.role = KVIDX_ROLE_WRITE;
+    req->principal = &req->principal_buf;
+    return 1;
 }
 
 static int guard(void *ctx, struct request *req, struct response *res, const struct route *route)
@@ -250,6 +277,10 @@ static int guard(void *ctx, struct request *req, struct response *res, const str
     struct auth *a = ctx;
     const char *tok = NULL;
     size_t n = 0;
+    if (ingest_admitted(a, req, route)) {
+        a->ingest_admitted++;
+        return 0;
+    }
     if (bearer(req->authorization, &tok, &n) != 0 ||
         kvidx_tokens_find(a->tokens, tok, n, &req->principal_buf) != 0) {
         a->denied_401++;
@@ -341,6 +372,9 @@ static void auth_gauges(void *ctx, struct buf *out)
                (unsigned long long)a->denied_401);
     buf_printf(out, "kvidx_auth_denied_total{status=\"403\"} %llu\n",
                (unsigned long long)a->denied_403);
+    metrics_single(out, "kvidx_auth_ingest_admitted_total", "counter",
+                   "Fleet ingest requests without a token admitted from ingest_allow_from.",
+                   a->ingest_admitted);
     const kvidx_index_t *idx = a->app->keystore->idx;
     metrics_single(out, "kvidx_quota_evictions_total", "counter",
                    "L1 copies evicted to keep a salt within its quota.",

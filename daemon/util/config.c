@@ -13,6 +13,7 @@
  */
 #include "util/config.h"
 
+#include "kvidx/cidr.h"
 #include "kvidx/err.h"
 
 #include <arpa/inet.h>
@@ -30,6 +31,7 @@ enum setting_type {
     T_ENUM,     /* one of choices[], stored as int (the enum's value = index) */
     T_STRING,   /* free text up to the field's size - 1 */
     T_HOSTPORT, /* IPv4:port or [IPv6]:port */
+    T_CIDRS,    /* networks in CIDR notation, separated by blanks or commas */
 };
 
 struct setting {
@@ -85,6 +87,10 @@ _Static_assert(FSYNC_EVERYSEC == 1 && LOG_DEBUG == 3 && LOG_JSON == 1 && LOADER_
     {                                                                                              \
 #field, T_STRING, F(field), def, 0, 0, NULL, rel, help                                     \
     }
+#define CIDRS(field, def, rel, help)                                                               \
+    {                                                                                              \
+#field, T_CIDRS, F(field), def, 0, 0, NULL, rel, help                                      \
+    }
 #define HOSTPORT(field, def, rel, help)                                                            \
     {                                                                                              \
 #field, T_HOSTPORT, F(field), def, 0, 0, NULL, rel, help                                   \
@@ -98,6 +104,9 @@ static const struct setting settings[] = {
         "SIGHUP; empty: no auth"),
     ENUM(allow_unauthenticated_remote, "no", yesno_choices, 0,
          "yes lets a non-loopback listen address run without auth_tokens_file"),
+    CIDRS(ingest_allow_from, "", 1,
+          "networks (CIDR, blank- or comma-separated) whose fleet ingest (/events, /instances, "
+          "/healthz) needs no token when auth is on; empty: none"),
     STR(data_dir, "", 0,
         "directory for the snapshot and journal; empty keeps everything in memory"),
     ENUM(fsync, "everysec", fsync_choices, 0,
@@ -381,6 +390,16 @@ static int set_one(struct config *c, const struct setting *st, const char *value
         return set_string(field, st, value, ex, err, errlen);
     case T_STRING:
         return set_string(field, st, value, ex, err, errlen);
+    case T_CIDRS: {
+        kvidx_cidr_list_t l;
+        size_t bad = 0;
+        if (kvidx_cidr_parse(value, strlen(value), &l, &bad) != 0)
+            return fail(err, errlen,
+                        "%s: network %zu is not CIDR notation like 10.0.0.0/8 or fd00::/8 (host "
+                        "bits zero, at most %d networks), got '%s'",
+                        st->name, bad, KVIDX_CIDR_MAX, ex);
+        return set_string(field, st, value, ex, err, errlen);
+    }
     }
     return fail(err, errlen, "%s: internal error", st->name);
 }
@@ -685,6 +704,7 @@ static void format_one(const struct config *c, const struct setting *st, char *o
         return;
     case T_STRING:
     case T_HOSTPORT:
+    case T_CIDRS:
         if (strcmp(st->name, "l2_source") == 0)
             format_redacted(field, out, cap);
         else

@@ -20,6 +20,7 @@ struct config {
     char listen[256];                 /* host:port */
     char auth_tokens_file[1024];      /* bearer tokens; "" = auth off */
     int allow_unauthenticated_remote; /* 1: a non-loopback listen may run without tokens */
+    char ingest_allow_from[1024];     /* CIDRs whose fleet ingest needs no token */
     char data_dir[1024];
     enum fsync_policy fsync;
     uint64_t snapshot_journal_bytes; /* journal size that triggers a snapshot */
@@ -45,10 +46,10 @@ struct config {
     uint64_t max_connections;
     uint64_t max_conn_output_bytes;
     uint64_t shutdown_timeout_ms;
-    uint64_t l2_source_rescan_s;            /* full rescans of a store that does not notify */
-    int l2_source_configure;                /* 1: a source may turn on the store's notifications */
-    uint64_t l2_source_reconnect_max_ms;    /* cap of a source's reconnect backoff */
-    char l2_source[2048];                   /* space-separated sources: fs:/dir, redis://... */
+    uint64_t l2_source_rescan_s;         /* full rescans of a store that does not notify */
+    int l2_source_configure;             /* 1: a source may turn on the store's notifications */
+    uint64_t l2_source_reconnect_max_ms; /* cap of a source's reconnect backoff */
+    char l2_source[2048];                /* space-separated sources: fs:/dir, redis://... */
     char l2_source_test_overflow_file[256]; /* tests only: this name in an fs: dir = overflow */
     uint64_t l2_source_test_scan_delay_ms;  /* tests only: pause before each scan batch */
     uint64_t instance_timeout_s;      /* fleet: an instance silent this long is dropped */

@@ -236,17 +236,26 @@ Test(auth, every_route_has_the_role_its_kind_needs)
                                              NULL};
     static const char *const admin_paths[] = {"/v1/layouts", NULL};
     static const char *const open_paths[] = {"/livez", "/readyz", NULL};
+    /* LMCache's servers post these without a token from ingest_allow_from
+     * (GET /instances, the list, is a plain read). */
+    static const char *const ingest_paths[] = {
+        "/events", "/instances", "/instances/*/heartbeat", "/instances/*", "/healthz", NULL};
     size_t n = 0;
     for (size_t t = 0; app_route_tables[t]; t++) {
         for (const struct route *r = app_route_tables[t]; r->pattern; r++, n++) {
-            int is_read_post = 0, is_admin = 0, is_open = 0;
+            int is_read_post = 0, is_admin = 0, is_open = 0, is_ingest = 0;
             for (size_t i = 0; read_posts[i]; i++)
                 is_read_post |= strcmp(r->pattern, read_posts[i]) == 0;
             for (size_t i = 0; admin_paths[i]; i++)
                 is_admin |= strcmp(r->pattern, admin_paths[i]) == 0 && r->method != M_GET;
             for (size_t i = 0; open_paths[i]; i++)
                 is_open |= strcmp(r->pattern, open_paths[i]) == 0;
-            enum route_access want = is_open                              ? ROUTE_OPEN
+            for (size_t i = 0; ingest_paths[i]; i++)
+                is_ingest |= strcmp(r->pattern, ingest_paths[i]) == 0 &&
+                             !(r->method == M_GET && strcmp(r->pattern, "/instances") == 0);
+            enum route_access want = is_ingest && r->method == M_GET      ? ROUTE_INGEST_READ
+                                     : is_ingest                          ? ROUTE_INGEST
+                                     : is_open                            ? ROUTE_OPEN
                                      : is_admin                           ? ROUTE_ADMIN
                                      : r->method == M_GET || is_read_post ? ROUTE_READ
                                                                           : ROUTE_WRITE;

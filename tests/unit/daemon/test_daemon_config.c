@@ -111,7 +111,7 @@ Test(config, default_fields)
 Test(config, every_row_consistent)
 {
     size_t n = n_settings();
-    cr_assert_eq(n, 38, "one row per field of struct config");
+    cr_assert_eq(n, 39, "one row per field of struct config");
     struct config c;
     config_defaults(&c);
     for (size_t i = 0; i < n; i++) {
@@ -426,7 +426,8 @@ Test(config, reloadable_flags)
                                              "shutdown_timeout_ms",
                                              "snapshot_journal_bytes",
                                              "instance_timeout_s",
-                                             "directory_token_bytes"};
+                                             "directory_token_bytes",
+                                             "ingest_allow_from"};
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
         cr_assert_eq(config_reloadable(fixed[i]), 0, "%s", fixed[i]);
     for (size_t i = 0; i < sizeof(reloadable) / sizeof(reloadable[0]); i++)
