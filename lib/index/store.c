@@ -243,6 +243,22 @@ static int put_reserve(kvidx_index_t *idx, const need_t *nd)
     return rc;
 }
 
+/* Each salt's quota (quota.c): what the batch adds to a salt's L1 must fit
+ * after evicting that salt's own copies outside the batch. The salts seen
+ * stay pending (and are evicted to their quota after the batch is in) until
+ * ix_quota_end_pending. */
+static int put_quota(kvidx_index_t *idx, const batch_t *b)
+{
+    if (!idx->acc.nquotas)
+        return 0;
+    ix_qcache_t c = {0, NULL, 0, 0};
+    for (size_t j = 0; j < b->neff; j++) {
+        const work_t *w = &b->work[b->order[j]];
+        ix_quota_add(idx, &c, b->tier, &b->items[b->order[j]], w->ref, w->ns);
+    }
+    return ix_quota_check_pending(idx);
+}
+
 /* Stores item it into the existing key ref, logging the old state in u. */
 static void put_apply_existing(kvidx_index_t *idx, kvidx_tier_t tier, const kvidx_put_t *it,
                                kvidx_ref_t ref, undo_t *u)
@@ -259,6 +275,7 @@ static void put_apply_existing(kvidx_index_t *idx, kvidx_tier_t tier, const kvid
         idx->c.l1_bytes = idx->c.l1_bytes - u->old_size + it->size_bytes;
         if (idx->l1[m].in_lru)
             idx->c.lru_bytes = idx->c.lru_bytes - u->old_size + it->size_bytes;
+        acct_resize(idx, m, u->old_size, it->size_bytes);
     }
     if (u->old_l2)
         idx->c.l2_bytes = idx->c.l2_bytes - u->old_size + it->size_bytes;
@@ -333,6 +350,8 @@ static void put_rollback(kvidx_index_t *idx, undo_t *u, size_t nu, const counter
             idx->l1[m].temporary = 1;
         if (m && idx->l1[m].in_lru)
             idx->c.lru_bytes = idx->c.lru_bytes - rec_size(r) + e->old_size;
+        if (m) /* the salt accounts are not in the saved counters */
+            acct_resize(idx, m, rec_size(r), e->old_size);
         rec_set_size(r, e->old_size);
         rec_set_l2(r, e->old_l2);
     }
@@ -438,13 +457,18 @@ int kvidx_index_put_batch_count(kvidx_index_t *idx, kvidx_tier_t tier, const kvi
     put_count(idx, &b, &nd);
     rc = put_reserve(idx, &nd);
     if (!rc)
+        rc = put_quota(idx, &b);
+    if (!rc)
         rc = put_apply(idx, &b);
-    if (rc)
+    if (rc) {
+        ix_quota_end_pending(idx, 0);
         return rc;
+    }
     if (tier == KVIDX_TIER_L1)
         put_recency(idx, &b);
     if (idx->on_change)
         put_notify(idx, &b);
+    ix_quota_end_pending(idx, 1);
     ix_evict_to_fit(idx);
     *stored = b.neff;
     return 0;
