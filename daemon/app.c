@@ -27,9 +27,8 @@
 #include <string.h>
 
 const struct route *const app_route_tables[] = {
-    ops_routes,      layout_routes, key_routes,     list_routes,     lookup_routes,
-    prefetch_routes, load_routes,   events_routes,  directory_routes, instances_routes,
-    NULL,
+    ops_routes,  layout_routes, key_routes,       list_routes,      lookup_routes, prefetch_routes,
+    load_routes, events_routes, directory_routes, instances_routes, NULL,
 };
 
 /* The daemon's own gauge: readiness, as /readyz answers it. */

@@ -13,9 +13,9 @@ extern const struct route layout_routes[]; /* layouts.c: /v1/layouts */
 extern const struct route key_routes[];    /* keys.c: PUT/DELETE /v1/keys, /v1/keys/{canonical} */
 extern const struct route list_routes[];   /* list.c: GET /v1/keys */
 extern const struct route lookup_routes[]; /* lookup.c: /v1/lookup */
-extern const struct route prefetch_routes[]; /* prefetch.c: /v1/prefetches */
-extern const struct route load_routes[];     /* loads.c: /v1/loads */
-extern const struct route events_routes[];   /* events.c: POST /events */
+extern const struct route prefetch_routes[];  /* prefetch.c: /v1/prefetches */
+extern const struct route load_routes[];      /* loads.c: /v1/loads */
+extern const struct route events_routes[];    /* events.c: POST /events */
 extern const struct route directory_routes[]; /* directory.c: the /directory routes */
 extern const struct route instances_routes[]; /* instances.c: /instances, /healthz */
 

@@ -53,8 +53,8 @@ struct pending {
 struct conn {
     struct conn_node node;
     struct app *app;
-    struct conn_host host;      /* socket mode: read buffer and owner */
-    int peer_family;            /* 0 unknown, 4, 6: the client's address */
+    struct conn_host host; /* socket mode: read buffer and owner */
+    int peer_family;       /* 0 unknown, 4, 6: the client's address */
     uint8_t peer_addr[16];
     struct conn_budget *budget; /* host.budget, or own_budget */
     struct conn_budget own_budget;

@@ -46,16 +46,16 @@ struct config {
     uint64_t max_connections;
     uint64_t max_conn_output_bytes;
     uint64_t shutdown_timeout_ms;
-    uint64_t l2_source_rescan_s;         /* full rescans of a store that does not notify */
-    int l2_source_configure;             /* 1: a source may turn on the store's notifications */
-    uint64_t l2_source_reconnect_max_ms; /* cap of a source's reconnect backoff */
-    char l2_source[2048];                /* space-separated sources: fs:/dir, redis://... */
+    uint64_t l2_source_rescan_s;            /* full rescans of a store that does not notify */
+    int l2_source_configure;                /* 1: a source may turn on the store's notifications */
+    uint64_t l2_source_reconnect_max_ms;    /* cap of a source's reconnect backoff */
+    char l2_source[2048];                   /* space-separated sources: fs:/dir, redis://... */
     char l2_source_test_overflow_file[256]; /* tests only: this name in an fs: dir = overflow */
     uint64_t l2_source_test_scan_delay_ms;  /* tests only: pause before each scan batch */
-    uint64_t instance_timeout_s;      /* fleet: an instance silent this long is dropped */
-    uint64_t health_check_interval_s; /* fleet: how often silent instances are looked for */
-    uint64_t chunk_size;              /* fleet: tokens per chunk of the tokens form */
-    uint64_t directory_token_bytes;   /* fleet: cap on the token bindings' bytes, 0 = none */
+    uint64_t instance_timeout_s;            /* fleet: an instance silent this long is dropped */
+    uint64_t health_check_interval_s;       /* fleet: how often silent instances are looked for */
+    uint64_t chunk_size;                    /* fleet: tokens per chunk of the tokens form */
+    uint64_t directory_token_bytes;         /* fleet: cap on the token bindings' bytes, 0 = none */
 };
 
 /* Fills c with every default. */

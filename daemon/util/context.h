@@ -34,8 +34,8 @@ struct app {
     struct sources *sources; /* NULL without l2_source */
     struct auth *auth;       /* bearer tokens; its tokens are NULL when auth is off */
     struct fleet *fleet;
-    int ready;               /* restored and listening: /readyz 200 */
-    int draining;            /* shutting down: /readyz 503 */
+    int ready;    /* restored and listening: /readyz 200 */
+    int draining; /* shutting down: /readyz 503 */
     uint64_t started_ms;
     /* Set by a subsystem whose start failed: 2 for a setting naming
      * something unusable (main's exit status), else 0. */

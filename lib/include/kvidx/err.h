@@ -38,8 +38,8 @@
     XX(ENOBUFS, -26, 500, "internal", "Buffer too small")                                          \
     XX(EBADREQUEST, -27, 400, "invalid_argument", "Bad request")                                   \
     XX(ENOTIMPL, -28, 501, "not_implemented", "Not implemented")                                   \
-    XX(EHTTPVERSION, -29, 505, "http_version_not_supported", "HTTP version not supported")        \
-    XX(EUNPROCESSABLE, -30, 422, "invalid_argument", "Unprocessable content")                     \
+    XX(EHTTPVERSION, -29, 505, "http_version_not_supported", "HTTP version not supported")         \
+    XX(EUNPROCESSABLE, -30, 422, "invalid_argument", "Unprocessable content")                      \
     XX(EUNPROCESSABLEKEY, -31, 422, "invalid_key", "Unprocessable key")
 
 typedef enum {

@@ -120,7 +120,7 @@ typedef struct kvidx_index_stats {
     uint64_t l1_pinned;          /* copies with pins > 0 */
     uint64_t l1_pins;            /* sum of pins */
     uint64_t l1_evictable_bytes; /* ready, unpinned: what eviction can free */
-    uint64_t l2_keys;    /* L2 copies stored through the API (sources' are below) */
+    uint64_t l2_keys;            /* L2 copies stored through the API (sources' are below) */
     uint64_t l2_bytes;
     uint64_t evictions;  /* L1 copies evicted since creation */
     uint64_t names;      /* interned model names and salts */
