@@ -268,6 +268,56 @@ out:
     return persist_ack(req, res);
 }
 
+/* The entries of a PUT /v1/keys body read from its cJSON tree into items
+ * (as many as the array holds): every problem goes into pe, bad keys are
+ * counted in *key_errors, and an entry without size_bytes gets size 0 and
+ * sets *need_layout. */
+static void entries_from_json(const cJSON *entries, kvidx_put_t *items, struct param_errors *pe,
+                              int *key_errors, int *need_layout)
+{
+    static const char *const entry_names[] = {"key", "size_bytes", NULL};
+    size_t i = 0;
+    for (const cJSON *e = entries->child; e; e = e->next, i++) {
+        if (!cJSON_IsObject(e)) {
+            param_errors_add(pe, "must be an object {\"key\", \"size_bytes\"}", "entries[%zu]", i);
+            continue;
+        }
+        char where[40];
+        snprintf(where, sizeof(where), "entries[%zu].", i);
+        check_members(e, entry_names, pe, where);
+        kvidx_reason_t why;
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(e, "key");
+        if (json_to_key(k, &items[i].key, &why) != 0) {
+            char at[48];
+            snprintf(at, sizeof(at), "entries[%zu].key", i);
+            param_errors_key(pe, &why, at);
+            (*key_errors)++;
+        }
+        const cJSON *sz = cJSON_GetObjectItemCaseSensitive(e, "size_bytes");
+        int rc = json_uint(sz, 1, (double)KVIDX_SIZE_MAX, &items[i].size_bytes);
+        if (rc == 1) {
+            items[i].size_bytes = 0;
+            *need_layout = 1;
+        } else if (rc != 0) {
+            param_errors_add(pe, "must be an integer 1..2^40", "entries[%zu].size_bytes", i);
+        }
+    }
+}
+
+/* Gives every item of size 0 its layout's size. 0, or KVIDX_ECONFLICT with
+ * each entry that has no layout in pe. */
+static int layout_sizes(const struct request *req, kvidx_put_t *items, size_t n,
+                        struct param_errors *pe)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (items[i].size_bytes == 0 &&
+            layout_size_for(req, &items[i].key, &items[i].size_bytes) != 0)
+            param_errors_add(pe, "no size_bytes and no layout registered for its model",
+                             "entries[%zu].size_bytes", i);
+    }
+    return pe->n ? KVIDX_ECONFLICT : 0;
+}
+
 /* PUT /v1/keys {"tier", "entries": [KeyEntry...]}, or the ipc form. Plain
  * bodies are read by the scanner (util/keyscan.h) without a cJSON tree of
  * their entries; anything else by cJSON, which gives every answer. */
@@ -276,7 +326,6 @@ static int keys_put(const struct request *req, struct response *res)
     if (persist_refuse(req, res))
         return 0;
     static const char *const top_names[] = {"tier", "entries", NULL};
-    static const char *const entry_names[] = {"key", "size_bytes", NULL};
     struct keyscan ks;
     cJSON *body = NULL;
     kvidx_put_t *items = NULL;
@@ -340,46 +389,14 @@ static int keys_put(const struct request *req, struct response *res)
         param_errors_free(&pe);
         return res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
     }
-    for (const cJSON *e = entries->child; e; e = e->next, i++) {
-        if (!cJSON_IsObject(e)) {
-            param_errors_add(&pe, "must be an object {\"key\", \"size_bytes\"}", "entries[%zu]", i);
-            continue;
-        }
-        char where[40];
-        snprintf(where, sizeof(where), "entries[%zu].", i);
-        check_members(e, entry_names, &pe, where);
-        kvidx_reason_t why;
-        const cJSON *k = cJSON_GetObjectItemCaseSensitive(e, "key");
-        if (json_to_key(k, &items[i].key, &why) != 0) {
-            char at[48];
-            snprintf(at, sizeof(at), "entries[%zu].key", i);
-            param_errors_key(&pe, &why, at);
-            key_errors++;
-        }
-        const cJSON *sz = cJSON_GetObjectItemCaseSensitive(e, "size_bytes");
-        int rc = json_uint(sz, 1, (double)KVIDX_SIZE_MAX, &items[i].size_bytes);
-        if (rc == 1) {
-            items[i].size_bytes = 0;
-            need_layout = 1;
-        } else if (rc != 0) {
-            param_errors_add(&pe, "must be an integer 1..2^40", "entries[%zu].size_bytes", i);
-        }
-    }
+    entries_from_json(entries, items, &pe, &key_errors, &need_layout);
 checked:
     if (pe.n)
         goto invalid;
-    if (need_layout) {
-        for (i = 0; i < n; i++) {
-            if (items[i].size_bytes == 0 &&
-                layout_size_for(req, &items[i].key, &items[i].size_bytes) != 0)
-                param_errors_add(&pe, "no size_bytes and no layout registered for its model",
-                                 "entries[%zu].size_bytes", i);
-        }
-        if (pe.n) {
-            param_errors_respond(&pe, res, KVIDX_ECONFLICT,
-                                 "register a layout (PUT /v1/layouts) or give size_bytes");
-            goto out;
-        }
+    if (need_layout && layout_sizes(req, items, n, &pe) != 0) {
+        param_errors_respond(&pe, res, KVIDX_ECONFLICT,
+                             "register a layout (PUT /v1/layouts) or give size_bytes");
+        goto out;
     }
     /* A key named twice is stored once (its last position and size win):
      * "stored" counts keys, not entries. */
