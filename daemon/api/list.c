@@ -105,6 +105,25 @@ static int write_entries(struct buf *b, const kvidx_index_t *idx, const kvidx_re
 }
 
 /* GET /v1/keys?model_name&cache_salt&kv_rank&object_group_id&tier&page_size&page_token */
+/* The index's filter for a parsed listing query. */
+static void filter_of(const kvidx_list_query_t *q, kvidx_list_filter_t *f)
+{
+    memset(f, 0, sizeof(*f));
+    f->has_salt = q->has_salt;
+    f->salt = q->salt;
+    f->salt_len = q->salt_len;
+    f->has_model = q->has_model;
+    f->model = q->model;
+    f->model_len = q->model_len;
+    f->has_rank = q->has_rank;
+    f->kv_rank = q->kv_rank;
+    f->has_group = q->has_group;
+    f->group = q->group;
+    f->tier = q->tier == KVIDX_LIST_TIER_L1   ? KVIDX_TIER_L1
+              : q->tier == KVIDX_LIST_TIER_L2 ? KVIDX_TIER_L2
+                                              : KVIDX_TIER_ALL;
+}
+
 static int keys_list(const struct request *req, struct response *res)
 {
     struct keystore *ks = ks_of(req);
@@ -144,20 +163,7 @@ static int keys_list(const struct request *req, struct response *res)
         after = &cur->key;
     }
     kvidx_list_filter_t f;
-    memset(&f, 0, sizeof(f));
-    f.has_salt = q->has_salt;
-    f.salt = q->salt;
-    f.salt_len = q->salt_len;
-    f.has_model = q->has_model;
-    f.model = q->model;
-    f.model_len = q->model_len;
-    f.has_rank = q->has_rank;
-    f.kv_rank = q->kv_rank;
-    f.has_group = q->has_group;
-    f.group = q->group;
-    f.tier = q->tier == KVIDX_LIST_TIER_L1   ? KVIDX_TIER_L1
-             : q->tier == KVIDX_LIST_TIER_L2 ? KVIDX_TIER_L2
-                                             : KVIDX_TIER_ALL;
+    filter_of(q, &f);
     size_t page = q->page_size;
     refs = malloc(page * sizeof(*refs));
     if (!refs)
