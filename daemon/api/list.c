@@ -104,7 +104,6 @@ static int write_entries(struct buf *b, const kvidx_index_t *idx, const kvidx_re
     return rc;
 }
 
-/* GET /v1/keys?model_name&cache_salt&kv_rank&object_group_id&tier&page_size&page_token */
 /* The index's filter for a parsed listing query. */
 static void filter_of(const kvidx_list_query_t *q, kvidx_list_filter_t *f)
 {
@@ -124,6 +123,7 @@ static void filter_of(const kvidx_list_query_t *q, kvidx_list_filter_t *f)
                                               : KVIDX_TIER_ALL;
 }
 
+/* GET /v1/keys?model_name&cache_salt&kv_rank&object_group_id&tier&page_size&page_token */
 static int keys_list(const struct request *req, struct response *res)
 {
     struct keystore *ks = ks_of(req);
