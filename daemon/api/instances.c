@@ -42,6 +42,47 @@ static void strip(const char **s, size_t *n)
         (*n)--;
 }
 
+/* A registration's metadata (an object of strings) as a JSON object in
+ * meta; problems into pe. */
+static void metadata_json(const cJSON *md, struct buf *meta, struct param_errors *pe)
+{
+    struct jw w;
+    jw_init(&w, meta);
+    jw_obj_begin(&w);
+    if (md && !cJSON_IsObject(md)) {
+        param_errors_add(pe, "must be an object of strings", "metadata");
+    } else if (md) {
+        for (const cJSON *m = md->child; m; m = m->next) {
+            size_t vn;
+            const char *v = json_str(m, &vn);
+            if (!v) {
+                param_errors_add(pe, "must be a string", "metadata.%s", "value");
+                break;
+            }
+            jw_strn(&w, m->string, strlen(m->string));
+            buf_putc(meta, ':');
+            w.after_key = 1;
+            jw_strn(&w, v, vn);
+        }
+    }
+    jw_obj_end(&w);
+}
+
+/* The id LMCache gives an instance registered without one: "mp-" and 32
+ * random hex digits (a UUID4's hex). */
+static void generate_id(char genid[3 + 32 + 1])
+{
+    static const char hex[] = "0123456789abcdef";
+    uint8_t rnd[16];
+    randombytes_buf(rnd, sizeof(rnd));
+    memcpy(genid, "mp-", 3);
+    for (int i = 0; i < 16; i++) {
+        genid[3 + 2 * i] = hex[rnd[i] >> 4];
+        genid[4 + 2 * i] = hex[rnd[i] & 15];
+    }
+    genid[35] = '\0';
+}
+
 static int api_register(const struct request *req, struct response *res)
 {
     if (persist_refuse(req, res))
@@ -77,27 +118,7 @@ static int api_register(const struct request *req, struct response *res)
         param_errors_add(&pe, "must be at most 1024 bytes", "ip");
     if (in.p2p_len > KVIDX_DIR_ID_MAX)
         param_errors_add(&pe, "must be at most 1024 bytes", "p2p_advertised_url");
-    const cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "metadata");
-    struct jw w;
-    jw_init(&w, &meta);
-    jw_obj_begin(&w);
-    if (md && !cJSON_IsObject(md)) {
-        param_errors_add(&pe, "must be an object of strings", "metadata");
-    } else if (md) {
-        for (const cJSON *m = md->child; m; m = m->next) {
-            size_t vn;
-            const char *v = json_str(m, &vn);
-            if (!v) {
-                param_errors_add(&pe, "must be a string", "metadata.%s", "value");
-                break;
-            }
-            jw_strn(&w, m->string, strlen(m->string));
-            buf_putc(&meta, ':');
-            w.after_key = 1;
-            jw_strn(&w, v, vn);
-        }
-    }
-    jw_obj_end(&w);
+    metadata_json(cJSON_GetObjectItemCaseSensitive(root, "metadata"), &meta, &pe);
     if (meta.len > METADATA_MAX)
         param_errors_add(&pe, "must be at most 65536 bytes of JSON", "metadata");
     if (pe.n)
@@ -106,15 +127,7 @@ static int api_register(const struct request *req, struct response *res)
     if (meta.failed)
         goto oom;
     if (in.instance_len == 0) {
-        static const char hex[] = "0123456789abcdef";
-        uint8_t rnd[16];
-        randombytes_buf(rnd, sizeof(rnd));
-        memcpy(genid, "mp-", 3);
-        for (int i = 0; i < 16; i++) {
-            genid[3 + 2 * i] = hex[rnd[i] >> 4];
-            genid[4 + 2 * i] = hex[rnd[i] & 15];
-        }
-        genid[35] = '\0';
+        generate_id(genid);
         in.instance_id = genid;
         in.instance_len = 35;
     }
@@ -133,6 +146,7 @@ static int api_register(const struct request *req, struct response *res)
     }
     if (rc != 0)
         goto oom;
+    struct jw w;
     jw_init(&w, &res->body);
     jw_obj_begin(&w);
     jw_key(&w, "instance_id");
