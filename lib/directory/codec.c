@@ -562,6 +562,58 @@ static int replay_batch(kvidx_dir_replay_t *rp, kvidx_directory_t *d, rd_t *r)
     return rp->have == rp->total ? finish_batch(rp, d) : 0;
 }
 
+/* A key record of a snapshot: its key and placements (*pl, which the
+ * caller frees, points into r's bytes for the strings). */
+static int read_key(rd_t *r, kvidx_dir_record_t *rec, kvidx_dir_placement_t **pl)
+{
+    rec->type = KVIDX_DIR_REC_KEY;
+    r_key(r, &rec->key.key);
+    rec->key.last_access = r_f64(r);
+    size_t n = (size_t)r_uint(r, 4);
+    /* A placement takes at least 2 + 8 + 1 + 2 + 8 + 1 bytes. */
+    if (r->bad || n > (r->len - r->off) / 22)
+        return KVIDX_EINVAL;
+    kvidx_dir_placement_t *p = kvidx_malloc((n ? n : 1) * sizeof(*p));
+    if (!p)
+        return KVIDX_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        p[i].instance_id = r_str(r, &p[i].instance_len);
+        p[i].incarnation = r_uint(r, 8);
+        p[i].tier = (kvidx_dir_tier_t)r_uint(r, 1);
+        p[i].backend = r_str(r, &p[i].backend_len);
+        p[i].size_bytes = r_uint(r, 8);
+        p[i].shared = (int)r_uint(r, 1);
+    }
+    rec->key.placements = p;
+    rec->key.num_placements = n;
+    *pl = p;
+    return 0;
+}
+
+/* A token binding record of a snapshot, loaded into d. */
+static int replay_binding(rd_t *r, kvidx_directory_t *d)
+{
+    kvidx_dir_record_t rec;
+    memset(&rec, 0, sizeof(rec));
+    rec.type = KVIDX_DIR_REC_BINDING;
+    rec.binding.hash_len = (size_t)r_uint(r, 1);
+    rec.binding.hash = (const uint8_t *)r_bytes(r, rec.binding.hash_len);
+    rec.binding.token_offset = (int64_t)r_uint(r, 8);
+    size_t n = (size_t)r_uint(r, 4);
+    if (r->bad || !r_need(r, 4 * n))
+        return KVIDX_EINVAL;
+    uint32_t *t = kvidx_malloc((n ? n : 1) * sizeof(*t));
+    if (!t)
+        return KVIDX_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        t[i] = (uint32_t)r_uint(r, 4);
+    rec.binding.token_ids = t;
+    rec.binding.num_tokens = n;
+    int rc = r->off != r->len ? KVIDX_EINVAL : kvidx_directory_load(d, &rec);
+    kvidx_free(t);
+    return rc;
+}
+
 int kvidx_dir_replay_blob(kvidx_dir_replay_t *rp, kvidx_directory_t *d, const uint8_t *blob,
                           size_t len)
 {
@@ -644,51 +696,13 @@ int kvidx_dir_replay_blob(kvidx_dir_replay_t *rp, kvidx_directory_t *d, const ui
         c->shared = (int)r_uint(&r, 1);
         break;
     }
-    case B_S_KEY: {
-        rec.type = KVIDX_DIR_REC_KEY;
-        r_key(&r, &rec.key.key);
-        rec.key.last_access = r_f64(&r);
-        size_t n = (size_t)r_uint(&r, 4);
-        /* A placement takes at least 2 + 8 + 1 + 2 + 8 + 1 bytes. */
-        if (r.bad || n > (r.len - r.off) / 22)
-            return KVIDX_EINVAL;
-        pl = kvidx_malloc((n ? n : 1) * sizeof(*pl));
-        if (!pl)
-            return KVIDX_ENOMEM;
-        for (size_t i = 0; i < n; i++) {
-            pl[i].instance_id = r_str(&r, &pl[i].instance_len);
-            pl[i].incarnation = r_uint(&r, 8);
-            pl[i].tier = (kvidx_dir_tier_t)r_uint(&r, 1);
-            pl[i].backend = r_str(&r, &pl[i].backend_len);
-            pl[i].size_bytes = r_uint(&r, 8);
-            pl[i].shared = (int)r_uint(&r, 1);
-        }
-        rec.key.placements = pl;
-        rec.key.num_placements = n;
+    case B_S_KEY:
+        rc = read_key(&r, &rec, &pl);
+        if (rc)
+            return rc;
         break;
-    }
-    case B_S_BINDING: {
-        rec.type = KVIDX_DIR_REC_BINDING;
-        rec.binding.hash_len = (size_t)r_uint(&r, 1);
-        rec.binding.hash = (const uint8_t *)r_bytes(&r, rec.binding.hash_len);
-        rec.binding.token_offset = (int64_t)r_uint(&r, 8);
-        size_t n = (size_t)r_uint(&r, 4);
-        if (r.bad || !r_need(&r, 4 * n))
-            return KVIDX_EINVAL;
-        uint32_t *t = kvidx_malloc((n ? n : 1) * sizeof(*t));
-        if (!t)
-            return KVIDX_ENOMEM;
-        for (size_t i = 0; i < n; i++)
-            t[i] = (uint32_t)r_uint(&r, 4);
-        rec.binding.token_ids = t;
-        rec.binding.num_tokens = n;
-        if (r.off != r.len)
-            rc = KVIDX_EINVAL;
-        else
-            rc = kvidx_directory_load(d, &rec);
-        kvidx_free(t);
-        return rc;
-    }
+    case B_S_BINDING:
+        return replay_binding(&r, d);
     default:
         return KVIDX_EINVAL;
     }
