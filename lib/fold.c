@@ -1,5 +1,5 @@
 /*
- * The attention-window fold of SPEC §4.3.
+ * The attention-window fold of docs/prefetch.md.
  *
  * kvidx_fold computes the largest servable prefix in one pass over the
  * request, O(G*C*R), in three steps:

@@ -1,9 +1,9 @@
 /*
- * The ObjectKey of SPEC §1: field validation, the canonical and FS string
+ * The ObjectKey of docs/keys.md: field validation, the canonical and FS string
  * forms, kv_rank packing and the ipc-form expansion arithmetic.
  *
  * Invariants: a kvidx_key_t produced here (by kvidx_key_from_input or either
- * parser) always satisfies every rule of SPEC §1.1, so the encoders never
+ * parser) always satisfies every rule of docs/keys.md, so the encoders never
  * have to re-validate and parse(encode(k)) == k for every such key (the one
  * exception, a model name whose FS spelling contains a spurious "-SEP-", is
  * documented in docs/keys.md). The key is a view: model and salt point into
@@ -144,7 +144,7 @@ int kvidx_key_check_salt(const char *s, size_t n, kvidx_reason_t *why)
         if (c == 0)
             return reject(why, "cache_salt", "must not contain NUL");
     }
-    /* SPEC §1.1 is silent on the salt's encoding; it travels in JSON
+    /* docs/keys.md is silent on the salt's encoding; it travels in JSON
      * responses, so it has to be UTF-8 (docs/keys.md). */
     const char *bad = utf8_problem((const unsigned char *)s, n);
     if (bad)

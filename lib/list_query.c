@@ -1,12 +1,12 @@
 /*
- * Parser of the `GET /v1/keys` query string (SPEC §3.2) and the digest of
+ * Parser of the `GET /v1/keys` query string (docs/page_tokens.md) and the digest of
  * its filters.
  *
  * The parser walks the `&`-separated pairs once and percent-decodes each
  * value straight into the fixed buffer of its field (or, for numbers, into
  * an accumulator), so a query costs O(n) and never allocates. Invariants of
  * a successfully parsed kvidx_list_query_t: each string is NUL-terminated
- * and valid per SPEC §1.1; has_model implies model_len >= 1; page_size is in
+ * and valid per docs/keys.md; has_model implies model_len >= 1; page_size is in
  * 1..KVIDX_PAGE_SIZE_MAX; fields whose has_* flag is clear are zero, so two
  * parses of equal queries compare equal field by field.
  *

@@ -112,7 +112,7 @@ static void mac(const kvidx_token_secret_t *s, const uint8_t *msg, size_t n,
     crypto_auth_hmacsha256(out, msg, n, s->secret);
 }
 
-/* SPEC §1.1 rules for a key carried in a token (shape and field rules). */
+/* docs/keys.md rules for a key carried in a token (shape and field rules). */
 static int key_ok(const kvidx_key_t *k)
 {
     if (k->hash_len < KVIDX_HASH_MIN || k->hash_len > KVIDX_HASH_MAX)

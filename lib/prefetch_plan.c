@@ -1,5 +1,5 @@
 /*
- * Prefetch planning and trimming, SPEC §4.1 (LOOKUP) and §4.2 (WARM), for
+ * Prefetch planning and trimming, docs/prefetch.md (LOOKUP) and §4.2 (WARM), for
  * one request and independent of the index.
  *
  * Plan: available = every key whose state is not ABSENT. PREFIX and
@@ -153,7 +153,7 @@ int kvidx_prefetch_plan(const kvidx_prefetch_req_t *req, kvidx_prefetch_plan_t *
     plan->n_l2_orig = k2;
     plan->new_loads = fresh;
     plan->n_new_loads = knew;
-    /* WARM pins nothing, so its l1_found_indices is empty (SPEC §4.2). */
+    /* WARM pins nothing, so its l1_found_indices is empty (docs/prefetch.md). */
     plan->l1_found = plan->l1_hits;
     plan->n_l1_found = plan->mode == KVIDX_PF_LOOKUP ? plan->n_l1_hits : 0;
     return 0;

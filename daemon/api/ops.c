@@ -1,5 +1,5 @@
 /*
- * Operations endpoints (SPEC §6): liveness, readiness, Prometheus metrics,
+ * Operations endpoints (docs/operations.md): liveness, readiness, Prometheus metrics,
  * statistics and the limits in force.
  *
  *     GET /livez      200 {"status":"ok"} whenever the loop turns
@@ -176,7 +176,8 @@ static int h_limits(const struct request *req, struct response *res)
         jw_key(&w, rows[i].name);
         jw_u64(&w, rows[i].value);
     }
-    /* Fixed by the protocol, not by configuration (SPEC §3.2, §3.4). */
+    /* Fixed by the protocol, not by configuration (docs/page_tokens.md,
+     * docs/lookup_and_prefetch.md). */
     jw_key(&w, "max_page_size");
     jw_u64(&w, 5000);
     jw_key(&w, "max_wait_ms");

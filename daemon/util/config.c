@@ -1,5 +1,5 @@
 /*
- * The settings of kvidxd (SPEC §6): one table, one row per setting, giving
+ * The settings of kvidxd (docs/operations.md): one table, one row per setting, giving
  * its name, type, place in struct config, default, bounds, whether SIGHUP
  * may change it, and a line of help. Everything else — defaults, parsing of
  * `--set` and of the file, printing, diffing, the docs test — walks that

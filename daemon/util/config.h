@@ -1,5 +1,5 @@
 /*
- * Settings of SPEC §6: one snake_case name per setting, usable as
+ * Settings of docs/operations.md: one snake_case name per setting, usable as
  * `name = value` in the file and as `--set name=value`. config.c holds the
  * table (type, bounds, default, reloadable) that parses, validates, prints
  * and documents them.

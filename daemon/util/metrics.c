@@ -373,7 +373,7 @@ static void render_connections(const struct metrics *m, struct buf *out)
     sample_u64(out, "kvidx_connections_rejected_total", m->conn_rejected);
 }
 
-/* Help texts for the counters the SPEC names; others get a generic line. */
+/* Help texts for the counters the documentation names; others get a generic line. */
 static const char *counter_help(const char *name)
 {
     static const struct {

@@ -1,5 +1,5 @@
 /*
- * Benchmark of the attention-window fold (SPEC §4.3) at the request size
+ * Benchmark of the attention-window fold (docs/prefetch.md) at the request size
  * limit: 8 groups x 4096 chunks x 8 ranks = 262,144 keys. Prints one
  * "name value unit" line per figure: the median of many runs of one fold,
  * per fold and per key, next to a memset and a byte scan of the same bitmap

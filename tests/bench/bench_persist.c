@@ -1,5 +1,5 @@
 /*
- * Persistence figures (issue #6), in one run:
+ * Persistence figures, in one run:
  *  - restore: an index of N keys (default 10M; argv[1] or KVIDX_BENCH_KEYS)
  *    is written as a snapshot with the daemon's own code
  *    (persist_write_snapshot), then loaded into a fresh index with

@@ -1,10 +1,10 @@
-"""Key catalogue over HTTP (SPEC §1.1, §1.2, §2, §3.1, §3.5, §5):
+"""Key catalogue over HTTP (docs/keys.md, docs/index.md, docs/api.md, docs/http.md):
 PUT/DELETE /v1/keys (batch), GET/PUT/DELETE /v1/keys/{canonical},
 the key rules of §1.1 as seen by a client, size_bytes bounds, tiers,
 all-or-nothing batches, per-request key limits, sizes from layouts, L1
 capacity eviction in LRU order, and the problem+json error shape.
 
-Where SPEC is silent the daemon's choices (daemon/api_keys.c) are tested
+Where the contract is silent the daemon's choices (daemon/api/keys.c) are tested
 as documented there: a single-key DELETE takes ?tier= and ?force=.
 """
 
@@ -813,7 +813,7 @@ class EvictionTest(unittest.TestCase):
 
 
 class PinnedTest(Base):
-    """Pins come from a LOOKUP prefetch handle (SPEC §3.4)."""
+    """Pins come from a LOOKUP prefetch handle (docs/lookup_and_prefetch.md)."""
 
     def pin(self, keys):
         r = self.d.request("POST", "/v1/prefetches", {"keys": keys, "mode": "LOOKUP"})

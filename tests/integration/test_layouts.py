@@ -1,4 +1,4 @@
-"""Layouts over HTTP: PUT/GET/DELETE /v1/layouts (SPEC §3.5).
+"""Layouts over HTTP: PUT/GET/DELETE /v1/layouts (docs/api.md).
 
 size_bytes = Σ prod(shape) × itemsize(dtype); shapes/dtypes must have the
 same length, every dimension ≥ 1, dtypes by torch name; world_size

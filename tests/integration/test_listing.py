@@ -1,4 +1,4 @@
-"""Listing over HTTP: GET /v1/keys (SPEC §3.2, §5).
+"""Listing over HTTP: GET /v1/keys (docs/page_tokens.md, docs/http.md).
 
 Covers the KeyListPage shape, the exact order (cache_salt, model_name,
 kv_rank, object_group_id, chunk_hash bytes), every filter, page_size rules,
@@ -356,7 +356,7 @@ class PageSizeTest(Base):
 
 
 class ScanLimitTest(Base):
-    """A page scans at most 10 × page_size + 1000 keys (SPEC §3.2)."""
+    """A page scans at most 10 × page_size + 1000 keys (docs/page_tokens.md)."""
 
     def test_sparse_filter_gives_short_pages(self):
         l2 = [mk("scan", 0, "%06x" % i) for i in range(3000)]

@@ -1,4 +1,4 @@
-"""Operations surface of kvidxd (SPEC §6): --check-config, /livez, /readyz,
+"""Operations surface of kvidxd (docs/operations.md): --check-config, /livez, /readyz,
 /metrics (parsed as Prometheus text 0.0.4), /v1/stats, /v1/limits (reflecting
 --set, the file and SIGHUP), json logs, and the systemd units
 (systemd-analyze verify, skipped when the tool is missing).

@@ -1,7 +1,7 @@
-"""Persistence over a real kvidxd (SPEC §6 "Persistence", §3.1, §3.2, §5;
-issue #6): snapshot + journal in data_dir, black-box.
+"""Persistence over a real kvidxd (docs/persistence.md, docs/api.md, docs/http.md):
+snapshot + journal in data_dir, black-box.
 
-Files (as agreed for issue #6): <data_dir>/snapshot.kvs,
+Files: <data_dir>/snapshot.kvs,
 <data_dir>/journal-<16 hex>.kvj (generation-numbered), and
 <data_dir>/page_token.secret (mode 0600). Settings: data_dir,
 fsync = always | everysec | no, snapshot_journal_bytes.
@@ -914,7 +914,7 @@ class PageTokens(PersistenceBase):
         self.stop(d)
 
     def test_token_from_memory_daemon_is_not_honoured(self):
-        # a token of another process (another secret) is 410 (SPEC §3.2) or 400
+        # a token of another process (another secret) is 410 (docs/page_tokens.md) or 400
         dd = self.new_dir()
         other = self.start(self.new_dir())
         self.put(other, [key(i, "pt") for i in range(4)], "l2")
@@ -1197,14 +1197,14 @@ class StorageUnavailable(PersistenceBase):
                 first = ks
                 break
             self.assertIsNotNone(first, "never refused a write past RLIMIT_FSIZE")
-            # SPEC §5: "answers 503 storage_unavailable and changes nothing"
+            # docs/http.md: "answers 503 storage_unavailable and changes nothing"
             # -- also for the write whose journal append is the one that fails
             first_found = self.found(d, first)
             if first_found:
                 violations.append(
                     "the write whose journal append failed was answered 503 "
                     "storage_unavailable but changed state: %d of its %d keys are "
-                    "served (SPEC §5: a refused write changes nothing)"
+                    "served (docs/http.md: a refused write changes nothing)"
                     % (len(first_found), len(first)))
             # while the journal stays unwritable, further writes are refused
             # and change nothing
@@ -1250,7 +1250,7 @@ class StorageUnavailable(PersistenceBase):
     def test_failed_write_never_deletes_a_pinned_copy(self):
         # A PUT waits for its fsync; a pipelined prefetch pins the new copy;
         # the fsync fails. Undoing the PUT would delete a pinned copy, which
-        # only a forced delete may do (SPEC §2): the PUT keeps its change,
+        # only a forced delete may do (docs/index.md): the PUT keeps its change,
         # is answered 200, and its change is journaled once the disk is back.
         dd = self.new_dir()
         d = self.start(dd, daemon_cls=XfszDaemon)

@@ -1,4 +1,4 @@
-"""Lookup and prefetch handles over HTTP (SPEC §3.3, §3.4, §4): both
+"""Lookup and prefetch handles over HTTP (docs/lookup_and_prefetch.md, docs/prefetch.md): both
 loaders, the worked example of §4.1, long polls that do not block other
 clients, lease expiry (410, then 404), and pinned keys under eviction
 pressure with a small l1_capacity_bytes.
@@ -161,7 +161,7 @@ class CatalogLoader(Base):
             self.assertFalse(info["l1"]["temporary"])
 
     def test_lease_is_capped_at_max_lease_ms(self):
-        # SPEC 3.4: lease_ms is bounded by max_lease_ms (default 600000).
+        # lease_ms is bounded by max_lease_ms (default 600000).
         example(self.d)
         before = time.time() * 1000
         h = self.prefetch(lease_ms=10 ** 9)

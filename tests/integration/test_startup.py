@@ -1,6 +1,6 @@
 """Start-up with and without data_dir: a configuration that checks out
 starts; with data_dir the daemon restores its catalogue, layouts and
-page-token secret across restarts (issue #6, SPEC §6 "Persistence"), drops
+page-token secret across restarts (docs/persistence.md), drops
 a torn journal tail, and refuses a corrupt snapshot with a message naming
 the file. (The kill -9 load test lives in test_persistence.py.)"""
 import glob

@@ -3,7 +3,7 @@
  *
  * Every fallible function returns 0 or a negative KVIDX_E* code. One X-macro
  * table (like libuv's UV_ERRNO_MAP) gives each code its name, the HTTP status
- * the daemon answers with, and the stable problem+json `code` of SPEC §5.
+ * the daemon answers with, and the stable problem+json `code` of docs/http.md.
  */
 #ifndef KVIDX_ERR_H
 #define KVIDX_ERR_H

@@ -1,9 +1,9 @@
 /*
- * The attention-window fold of SPEC §4.3: given which keys of an ipc-form
+ * The attention-window fold of docs/prefetch.md: given which keys of an ipc-form
  * request are available, how long a prefix (in chunks) can be served, and
  * which keys serve it.
  *
- * Keys are addressed by their flat index in the ipc expansion of SPEC §1.3,
+ * Keys are addressed by their flat index in the ipc expansion of docs/keys.md,
  * group-major, then chunk, then rank: index = gi*(C*R) + c*R + r. Bitmaps
  * are arrays of one byte per key (any nonzero byte means "set"); index lists
  * are ascending arrays of uint32_t. A request therefore has at most

@@ -1,9 +1,8 @@
 /*
- * The in-memory index of kvidx (SPEC §2, §3.1, §3.2): every known key with
- * its size, its L1 copy (state, pins, temporary flag, LRU position) and its
- * L2 presence; exact lookup, ordered listing with a resumable cursor, batch
- * stores with synchronous LRU eviction, deletes, and the pin/reserve/load
- * primitives that the prefetch manager builds handles from.
+ * The in-memory index of kvidx (docs/index.md, docs/api.md, docs/page_tokens.md): every known key
+ * with its size, its L1 copy (state, pins, temporary flag, LRU position) and its L2 presence; exact
+ * lookup, ordered listing with a resumable cursor, batch stores with synchronous LRU eviction,
+ * deletes, and the pin/reserve/load primitives that the prefetch manager builds handles from.
  *
  * The index is single-threaded: the caller serialises every call. It never
  * performs I/O and allocates only through kvidx/alloc.h; every function that
@@ -30,7 +29,7 @@ typedef struct kvidx_index kvidx_index_t;
 typedef uint32_t kvidx_ref_t;
 
 #define KVIDX_REF_NONE   UINT32_MAX
-#define KVIDX_SIZE_MAX   ((uint64_t)1 << 40) /* largest size_bytes (SPEC §2) */
+#define KVIDX_SIZE_MAX   ((uint64_t)1 << 40) /* largest size_bytes (docs/index.md) */
 #define KVIDX_SEED_BYTES 32
 
 typedef enum {
@@ -52,7 +51,7 @@ typedef enum {
 typedef void (*kvidx_evict_cb)(void *ctx, const kvidx_key_t *key, uint64_t size_bytes,
                                int forgotten);
 
-/* A key's durable state (persistence, issue #6): its size, whether it has
+/* A key's durable state (persistence): its size, whether it has
  * a ready non-temporary L1 copy (KVIDX_DURABLE_L1) and whether it has an L2
  * copy (KVIDX_DURABLE_L2). tiers == 0 (size_bytes 0) means the key is
  * absent, or has only loading or temporary copies, which do not survive a
@@ -187,7 +186,7 @@ void kvidx_index_set_change_cb(kvidx_index_t *idx, kvidx_change_cb cb, void *ctx
 /* ---- lookup ---- */
 
 /* Finds a key. Returns 0 and *ref, or KVIDX_ENOTFOUND. No side effect
- * (recency is not changed: SPEC §3.3). */
+ * (recency is not changed: docs/lookup_and_prefetch.md). */
 int kvidx_index_find(const kvidx_index_t *idx, const kvidx_key_t *key, kvidx_ref_t *ref);
 /* Finds n keys: refs[i] is the ref of keys[i], or KVIDX_REF_NONE, and when
  * infos is not NULL, infos[i] what kvidx_index_info says of a found key
@@ -306,7 +305,7 @@ int kvidx_index_touch(kvidx_index_t *idx, kvidx_ref_t ref);
  * release of a last pin does). KVIDX_ENOTFOUND when there is no L1 copy. */
 int kvidx_index_set_temporary(kvidx_index_t *idx, kvidx_ref_t ref, int temporary);
 
-/* ---- listing (SPEC §3.2) ----
+/* ---- listing (docs/page_tokens.md) ----
  * Writes up to page_size refs of keys matching *f, in the total order of
  * kvidx_key_cmp, strictly after *after (NULL: from the start), into
  * refs[0..*count). At most max_scan keys are examined (a key is examined when

@@ -1,5 +1,5 @@
 /*
- * On-disk formats of kvidx persistence (SPEC §6 "Persistence", issue #6):
+ * On-disk formats of kvidx persistence (docs/persistence.md):
  * the append-only journal and the snapshot. Pure byte-buffer codecs: the
  * daemon (daemon/persist.c) does every read, write and fsync; this module
  * only encodes into caller buffers and decodes from them, so the readers can

@@ -1,5 +1,5 @@
 /*
- * The ObjectKey model of SPEC §1: validation, the canonical and FS string
+ * The ObjectKey model of docs/keys.md: validation, the canonical and FS string
  * forms, kv_rank packing and the ipc-form expansion.
  *
  * A kvidx_key_t is a view: model_name and cache_salt point into memory the
@@ -44,7 +44,7 @@ typedef struct kvidx_reason {
 /* Value of one hex digit (either case), or -1. */
 int kvidx_hex_value(unsigned char c);
 
-/* ---- validation of single fields (SPEC §1.1) ----
+/* ---- validation of single fields (docs/keys.md) ----
  * Each returns 0 or KVIDX_EKEY and, when why is not NULL, fills it. */
 int kvidx_key_check_model(const char *s, size_t n, kvidx_reason_t *why);
 int kvidx_key_check_salt(const char *s, size_t n, kvidx_reason_t *why);
@@ -55,7 +55,7 @@ int kvidx_key_hash_from_hex(const char *hex, size_t n, uint8_t *out, uint8_t *ou
 
 /* ---- the JSON-independent validator ----
  * The daemon turns a JSON key object into these raw fields; the rules of
- * SPEC §1.1 are applied here, so they can be tested and fuzzed without JSON. */
+ * docs/keys.md are applied here, so they can be tested and fuzzed without JSON. */
 typedef enum {
     KVIDX_FIELD_ABSENT = 0,
     KVIDX_FIELD_STRING,
@@ -89,7 +89,7 @@ typedef struct kvidx_key_input {
  * Returns 0 or KVIDX_EKEY with *why naming the field and rule. */
 int kvidx_key_from_input(const kvidx_key_input_t *in, kvidx_key_t *out, kvidx_reason_t *why);
 
-/* Integral-number rule of SPEC §1.1 for a JSON number: 0 when v is integral
+/* Integral-number rule of docs/keys.md for a JSON number: 0 when v is integral
  * and lo <= v <= hi, storing it in *out; KVIDX_EKEY otherwise (also for NaN
  * and for any v < 0, since *out is unsigned). */
 int kvidx_key_integral(double v, double lo, double hi, uint64_t *out);
@@ -97,11 +97,11 @@ int kvidx_key_integral(double v, double lo, double hi, uint64_t *out);
 /* ---- comparison ---- */
 /* 1 when all five fields are equal. */
 int kvidx_key_equal(const kvidx_key_t *a, const kvidx_key_t *b);
-/* Total order of SPEC §3.2: cache_salt, model_name (bytewise), kv_rank,
+/* Total order of docs/page_tokens.md: cache_salt, model_name (bytewise), kv_rank,
  * object_group_id, chunk hash bytes (a proper prefix sorts first). */
 int kvidx_key_cmp(const kvidx_key_t *a, const kvidx_key_t *b);
 
-/* ---- string forms (SPEC §1.2) ----
+/* ---- string forms (docs/keys.md) ----
  * Encoders write a NUL-terminated string into buf. On entry *size is the
  * buffer size; on success it becomes the string length (without NUL) and 0
  * is returned; when buf is too small, KVIDX_ENOBUFS is returned and *size is
@@ -123,7 +123,7 @@ int kvidx_key_parse_canonical(const char *s, size_t n, kvidx_key_t *out, kvidx_r
 int kvidx_key_parse_fs(const char *s, size_t n, kvidx_key_t *out, char *model_buf,
                        kvidx_reason_t *why);
 
-/* ---- kv_rank (SPEC §1.3) ---- */
+/* ---- kv_rank (docs/keys.md) ---- */
 /* Packs world_size<<24 | global_rank<<16 | local_world_size<<8 | local_rank.
  * Each input must be 0..255, else KVIDX_EINVAL with *why naming it. */
 int kvidx_rank_pack(int64_t world_size, int64_t global_rank, int64_t local_world_size,
@@ -136,7 +136,7 @@ static inline uint8_t kvidx_rank_world_size(uint32_t kv_rank)
     return (uint8_t)(kv_rank >> 24);
 }
 
-/* ---- ipc-form expansion (SPEC §1.3) ----
+/* ---- ipc-form expansion (docs/keys.md) ----
  * An ipc-form request names C chunk hashes, G object groups and R ranks
  * (R = world_size when worker_id is -1, else 1). Flat index of (group gi,
  * chunk c, rank r) is gi*(C*R) + c*R + r: group-major, then chunk, then rank. */

@@ -12,7 +12,7 @@
 #define KVIDX_SIZE_MAX ((uint64_t)1 << 40) /* largest size_bytes of a key */
 
 /* Item size in bytes of a torch dtype name ("bfloat16" → 2). Returns 0 or
- * KVIDX_EINVAL for a name not in SPEC §3.5's list. */
+ * KVIDX_EINVAL for a name not among the torch dtypes of docs/api.md. */
 int kvidx_dtype_size(const char *name, size_t n, unsigned *size);
 
 /* Adds prod(dims[0..ndims)) × itemsize to *total. Every dimension must be

@@ -1,5 +1,5 @@
 /*
- * The query string of `GET /v1/keys?...` (SPEC §3.2): parsing it into a
+ * The query string of `GET /v1/keys?...` (docs/page_tokens.md): parsing it into a
  * kvidx_list_query_t, writing it back out, and the digest of its filters
  * that page tokens carry (docs/page_tokens.md).
  *
@@ -65,7 +65,7 @@ typedef struct kvidx_query_span {
  * Returns 0, or:
  *  - KVIDX_EINVAL for an unknown parameter, a repeated one, a bad `%`
  *    escape, a value that is not a valid integer/tier, a number out of range,
- *    an empty model_name, or a model_name / cache_salt breaking SPEC §1.1
+ *    an empty model_name, or a model_name / cache_salt breaking the key rules (docs/keys.md)
  *    (the query names filters, not a key, so this is `invalid_argument`);
  *  - KVIDX_ETOKEN for a page_token longer than KVIDX_LIST_TOKEN_MAX bytes.
  * On error, *why (if not NULL) names the parameter in `field` ("query" for

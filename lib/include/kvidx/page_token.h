@@ -1,5 +1,5 @@
 /*
- * Page tokens of `GET /v1/keys` (SPEC §3.2): opaque, URL-safe, authenticated
+ * Page tokens of `GET /v1/keys` (docs/page_tokens.md): opaque, URL-safe, authenticated
  * cursors. A token carries the id of the secret that signed it, its issue
  * time, the digest of the listing's filters and the resume key; an HMAC-SHA256
  * tag (truncated to 16 bytes) under the secret covers all of it. The layout,
@@ -83,7 +83,7 @@ void kvidx_token_keyring_clear(kvidx_token_keyring_t *kr);
  * (without NUL) and 0 is returned; KVIDX_ENOBUFS when too small, with *size
  * the size needed including the NUL (never more than
  * KVIDX_PAGE_TOKEN_STR_MAX + 1). KVIDX_EINVAL when the resume key breaks
- * SPEC §1.1 or flags has unknown bits. */
+ * docs/keys.md or flags has unknown bits. */
 int kvidx_page_token_encode(const kvidx_token_secret_t *s, uint64_t now_s,
                             const uint8_t digest[KVIDX_LIST_DIGEST_LEN], const kvidx_key_t *resume,
                             unsigned flags, char *buf, size_t *size);
@@ -96,7 +96,7 @@ int kvidx_page_token_encode(const kvidx_token_secret_t *s, uint64_t now_s,
  *  4. now_s - issued > ttl_s, or issued > now_s + SKEW            -> KVIDX_ETOKENEXPIRED
  *     (an age of exactly ttl_s is still valid)
  *  5. digest differs from the token's                             -> KVIDX_ETOKENMISMATCH
- *  6. resume key breaks SPEC §1.1                                 -> KVIDX_ETOKEN
+ *  6. resume key breaks docs/keys.md                                 -> KVIDX_ETOKEN
  * On success fills *out (the key views point into *out) and returns 0; on
  * error *out is unspecified. */
 int kvidx_page_token_decode(const kvidx_token_keyring_t *kr, const char *tok, size_t n,

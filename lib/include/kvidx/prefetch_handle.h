@@ -1,11 +1,10 @@
 /*
- * The pin ledger and state machine of one prefetch handle (SPEC §3.4, §4),
- * on top of the index's pin/reserve primitives and the pure plan and trim
- * of kvidx/prefetch_plan.h. Pure: no I/O, no clock, no globals. The daemon
- * owns what is shared between handles (single-flight loads, loaders,
- * timers); everything that gives or takes a pin of a handle goes through
- * here, so that one randomized test can check the rule "no pin outlives
- * its handle" against a reference model.
+ * The pin ledger and state machine of one prefetch handle (docs/lookup_and_prefetch.md,
+ * docs/prefetch.md), on top of the index's pin/reserve primitives and the pure plan and trim of
+ * kvidx/prefetch_plan.h. Pure: no I/O, no clock, no globals. The daemon owns what is shared between
+ * handles (single-flight loads, loaders, timers); everything that gives or takes a pin of a handle
+ * goes through here, so that one randomized test can check the rule "no pin outlives its handle"
+ * against a reference model.
  *
  * Each key of the handle records the pins it holds as (ref, generation,
  * count). A pin is given back exactly once: by a release, by the trim at

@@ -1,5 +1,5 @@
 /*
- * Prefetch planning and trimming (SPEC §4.1 LOOKUP, §4.2 WARM, §4.3 for the
+ * Prefetch planning and trimming (docs/prefetch.md LOOKUP, §4.2 WARM, §4.3 for the
  * ipc form) as pure functions of one request, independent of the index.
  *
  * The daemon's prefetch manager probes the index and classifies each key of
@@ -9,7 +9,7 @@
  * learn what to keep, what to release and what to report.
  *
  * Indices are positions in the request (for the ipc form, flat indices of
- * SPEC §1.3); lists are ascending uint32_t arrays. Bitmaps are one byte per
+ * docs/keys.md); lists are ascending uint32_t arrays. Bitmaps are one byte per
  * key. Everything a plan or result holds is allocated with kvidx_malloc and
  * owned by it until its _free function; treat the arrays as read-only, as
  * lists may share storage (new_loads with l2_orig, retained with found).

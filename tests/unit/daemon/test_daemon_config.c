@@ -1,5 +1,5 @@
 /*
- * Settings table (daemon/config.c): defaults of SPEC §6, size and integer
+ * Settings table (daemon/config.c): defaults of docs/operations.md, size and integer
  * parsing, bounds, enums, addresses, error messages that name the setting,
  * the file format (inih: comments, sections rejected, file:line errors),
  * --set after the file, config_diff and the reloadable flags. Also checks

@@ -1,6 +1,6 @@
 /*
- * The attention-window fold of SPEC §4.3: every golden vector of
- * fold.jsonl, SPEC's two examples, shape validation, out-of-memory, and a
+ * The attention-window fold of docs/prefetch.md: every golden vector of
+ * fold.jsonl, the contract's two examples, shape validation, out-of-memory, and a
  * randomized comparison against a brute-force reference that tests each
  * prefix length for servability directly.
  */
@@ -52,7 +52,7 @@ static int case_from_json(const cJSON *v, fold_case_t *c)
     return 0;
 }
 
-/* Whether L is servable, straight from SPEC §4.3's definition. */
+/* Whether L is servable, straight from docs/prefetch.md definition. */
 static int brute_servable(const fold_case_t *c, size_t L)
 {
     const kvidx_fold_shape_t *s = &c->shape;

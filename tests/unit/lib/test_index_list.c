@@ -1,5 +1,5 @@
 /*
- * Listing (SPEC §3.2): the order is kvidx_key_cmp's, every filter
+ * Listing (docs/page_tokens.md): the order is kvidx_key_cmp's, every filter
  * combination returns exactly the matching keys, the scan budget is honoured,
  * and a paginated listing returns every key present throughout exactly once
  * and no key twice while keys are inserted, deleted and evicted between

@@ -1,7 +1,7 @@
 /*
  * Tests of the key model (lib/key.c): every case of keys.jsonl, names.jsonl,
- * kv_rank.jsonl and expand.jsonl, then one test per rule of SPEC §1.1-1.3
- * and the choices docs/keys.md makes where the SPEC is silent.
+ * kv_rank.jsonl and expand.jsonl, then one test per rule of docs/keys.md-1.3
+ * and the choices docs/keys.md makes where the contract is silent.
  *
  * Vector tests loop over all lines and name the file and line in every
  * failure message; expected values always come from the vector, never from
@@ -405,7 +405,7 @@ Test(vectors, expand)
     free_lines(lines, n);
 }
 
-/* ---- SPEC §1.1 rules, one at a time ---- */
+/* ---- docs/keys.md rules, one at a time ---- */
 
 /* A valid input to start from: "00ff", "m", rank 16777472. */
 static void base_input(kvidx_key_input_t *in)
@@ -948,7 +948,7 @@ Test(order, field_precedence)
 {
     /* Each pair differs in a more significant field in one direction and in
      * every less significant field in the other, so only the precedence of
-     * SPEC §3.2 can give the expected sign. */
+     * docs/page_tokens.md can give the expected sign. */
     kvidx_key_t a, b;
     cr_assert(make_key("z", 9, 9, "ff", "a", &a) == 0);
     cr_assert(make_key("a", 1, 1, "00", "b", &b) == 0);

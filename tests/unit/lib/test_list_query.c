@@ -1,4 +1,4 @@
-/* Tests of the `GET /v1/keys` query parser and the filter digest (SPEC §3.2). */
+/* Tests of the `GET /v1/keys` query parser and the filter digest (docs/page_tokens.md). */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 

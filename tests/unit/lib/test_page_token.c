@@ -1,4 +1,4 @@
-/* Tests of page tokens (SPEC §3.2): round trip, tampering, truncation,
+/* Tests of page tokens (docs/page_tokens.md): round trip, tampering, truncation,
  * filter mismatch, expiry with an injected clock, and secret rotation. */
 #include <criterion/criterion.h>
 
@@ -177,7 +177,7 @@ static int dec(const char *tok, size_t n, const uint8_t *d)
 
 /* Bytes 1..4 of the binary token are the secret id. A change that alters the
  * id but keeps the structure (version, flags, lengths: byte 0 and bytes 29
- * on) names a secret the keyring does not hold, which SPEC §3.2 answers with
+ * on) names a secret the keyring does not hold, which docs/page_tokens.md answers with
  * 410 before the tag is looked at. */
 static int id_changed_structure_kept(const uint8_t *a, const uint8_t *b, size_t n)
 {

@@ -1,5 +1,5 @@
 /*
- * kvidx/prefetch_handle.h: the worked example of SPEC §4.1 on a real index,
+ * kvidx/prefetch_handle.h: the worked example of docs/prefetch.md on a real index,
  * and a randomized run that interleaves prefetches (LOOKUP and WARM, every
  * policy, shared single-flight loads that succeed or fail), releases,
  * expiries, evicting stores and (forced) deletes, and after every step

@@ -1,6 +1,6 @@
 /*
- * Prefetch planning and trimming (SPEC §4.1, §4.2, §4.3): every golden
- * vector of prefetch.jsonl, SPEC §4.1's worked example in its three
+ * Prefetch planning and trimming (docs/prefetch.md): every golden
+ * vector of prefetch.jsonl, docs/prefetch.md worked example in its three
  * variants, joined in-flight loads, WARM, the ipc form, bad input and
  * out-of-memory.
  */
@@ -102,7 +102,7 @@ Test(prefetch_plan, golden_vectors)
     }
 }
 
-/* SPEC §4.1's worked example: 6 keys; L1 holds 0,1,3; L2 holds 2,3,4. */
+/* docs/prefetch.md worked example: 6 keys; L1 holds 0,1,3; L2 holds 2,3,4. */
 static void spec_state(uint8_t state[6], int key2_anywhere)
 {
     static const uint8_t base[6] = {KVIDX_PF_L1_READY, KVIDX_PF_L1_READY, KVIDX_PF_L2,
@@ -275,7 +275,7 @@ Test(prefetch_plan, warm_prefix_warms_only_the_leading_run)
 
 Test(prefetch_plan, ipc_form_plans_the_fold)
 {
-    /* SPEC §4.3's first example: windows [-1, 2, 1], 6 chunks, 1 rank;
+    /* docs/prefetch.md first example: windows [-1, 2, 1], 6 chunks, 1 rank;
      * group 0 {0,1,2,3} (L1), group 1 {2,3,4} (L2), group 2 {1,3,5} (L2). */
     int64_t w[] = {-1, 2, 1};
     kvidx_fold_shape_t shape = {w, 3, 6, 1};
@@ -329,7 +329,7 @@ Test(prefetch_plan, ipc_form_plans_the_fold)
 
 Test(prefetch_plan, ipc_form_windows_need_not_be_downward_closed)
 {
-    /* SPEC §4.3's second example: windows [-1, 1], 8 chunks: group 0 all,
+    /* docs/prefetch.md second example: windows [-1, 1], 8 chunks: group 0 all,
      * group 1 {3, 7}. PREFIX plans L = 8: group 0 all, group 1 chunk 7. */
     int64_t w[] = {-1, 1};
     kvidx_fold_shape_t shape = {w, 2, 8, 1};
