@@ -1,7 +1,8 @@
 /*
  * The loopback HTTP client and the key naming shared by the benchmark
- * programs (bench_http, bench_lookup): one keep-alive connection, blocking
- * writes, responses read by Content-Length. Header-only because every
+ * programs (bench_http, bench_lookup, bench_cpu, bench_fs_source,
+ * bench_fleet): one keep-alive connection, blocking writes, responses read
+ * by Content-Length. Header-only because every
  * tests/bench/bench_*.c is its own program; include it once, after
  * defining BENCH_NAME (used in error messages).
  */

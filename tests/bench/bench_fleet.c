@@ -26,120 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-
-/* ---- a loopback HTTP/1.1 client: one keep-alive connection, answers read
- * by Content-Length ---- */
-
-#define MODEL "meta-llama/Llama-3.1-8B"
-#define RANK  0x01000100u
-
-static void die(const char *m)
-{
-    fprintf(stderr, "bench_fleet: %s\n", m);
-    exit(1);
-}
-
-/* "Authorization: Bearer $KVIDX_BENCH_TOKEN\r\n" when set, else "". */
-static const char *auth(void)
-{
-    static char h[400];
-    static int done;
-    if (!done) {
-        const char *t = getenv("KVIDX_BENCH_TOKEN");
-        if (t && *t && strlen(t) < 300)
-            snprintf(h, sizeof(h), "Authorization: Bearer %s\r\n", t);
-        done = 1;
-    }
-    return h;
-}
-
-static void key_hex(uint64_t i, char out[65])
-{
-    uint64_t x = i * 0x9e3779b97f4a7c15ULL + 0x243f6a8885a308d3ULL;
-    for (int j = 0; j < 64; j++) {
-        if (j % 16 == 0) {
-            x += 0x9e3779b97f4a7c15ULL;
-            uint64_t z = x;
-            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-            z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-            x = z ^ (z >> 31);
-        }
-        out[j] = "0123456789abcdef"[(x >> (4 * (j % 16))) & 15];
-    }
-    out[64] = 0;
-}
-
-static int dial(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)))
-        die("connect");
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return fd;
-}
-
-static void send_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w <= 0)
-            die("write");
-        p += w;
-        n -= (size_t)w;
-    }
-}
-
-static char *rb;
-static size_t rlen, rcap;
-
-static void fill(int fd)
-{
-    if (rcap - rlen < 65536) {
-        rcap = rcap ? rcap * 2 : 1 << 20;
-        rb = realloc(rb, rcap + 1);
-        if (!rb)
-            die("oom");
-    }
-    ssize_t r = read(fd, rb + rlen, rcap - rlen);
-    if (r <= 0)
-        die("read: connection closed");
-    rlen += (size_t)r;
-    rb[rlen] = 0;
-}
-
-static int http_read(int fd, const char **body, size_t *blen)
-{
-    rlen = 0;
-    char *eoh;
-    for (;;) {
-        if (rlen && (eoh = strstr(rb, "\r\n\r\n")))
-            break;
-        fill(fd);
-    }
-    int status = atoi(rb + 9);
-    const char *cl = strcasestr(rb, "\r\ncontent-length:");
-    size_t len = 0;
-    if (cl && cl < eoh)
-        len = strtoull(cl + 17, NULL, 10);
-    else if (status != 204)
-        die("no content-length");
-    size_t hdr = (size_t)(eoh - rb) + 4;
-    while (rlen < hdr + len)
-        fill(fd);
-    *body = rb + hdr;
-    *blen = len;
-    return status;
-}
+#define BENCH_NAME "bench_fleet"
+#include "bench_client.h"
 
 struct str {
     char *p;
@@ -222,7 +110,7 @@ static int post(int fd, const char *path, const struct str *body, const char **r
     sput(&req,
          "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Type: application/json\r\n"
          "Content-Length: %zu\r\n\r\n",
-         path, auth(), body->n);
+         path, auth_header(), body->n);
     send_all(fd, req.p, req.n);
     send_all(fd, body->p, body->n);
     return http_read(fd, rb_, rbl);
@@ -447,7 +335,7 @@ static long dir_memory(int fd)
 {
     char req[512];
     int rl = snprintf(req, sizeof(req),
-                      "GET /directory/stats HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n", auth());
+                      "GET /directory/stats HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n", auth_header());
     send_all(fd, req, (size_t)rl);
     const char *b;
     size_t bl;
@@ -506,7 +394,7 @@ static void fence_and_memory(int kport, int kpid)
     sput(&req,
          "POST /events HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Type: application/json\r\n"
          "Content-Length: %zu\r\n\r\n%s",
-         auth(), s.n, s.p);
+         auth_header(), s.n, s.p);
     send_all(fd, req.p, req.n);
     /* The probe is sent right after: it waits while the loop fences. */
     usleep(200);
@@ -524,8 +412,9 @@ static void fence_and_memory(int kport, int kpid)
     long l1 = -1;
     {
         char st[512];
-        int sl = snprintf(st, sizeof(st),
-                          "GET /directory/stats HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n", auth());
+        int sl =
+            snprintf(st, sizeof(st), "GET /directory/stats HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n",
+                     auth_header());
         send_all(fd, st, (size_t)sl);
         int sst = http_read(fd, &b, &bl);
         must(sst, 200, "GET /directory/stats", b, bl);
