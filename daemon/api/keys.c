@@ -144,9 +144,11 @@ static int answer_put_error(struct response *res, int rc, size_t conflict, size_
     switch (rc) {
     case KVIDX_ECONFLICT: {
         char name[48];
-        struct invalid_param p = {name, "size differs while the key's L1 copy is pinned"};
+        struct invalid_param p = {name, "size differs while the key's L1 copy is pinned or an "
+                                        "L2 source holds it"};
         snprintf(name, sizeof(name), "entries[%zu].size_bytes", conflict < n ? conflict : 0);
-        return res_problem(res, KVIDX_ECONFLICT, "cannot resize a pinned key", &p, 1);
+        return res_problem(res, KVIDX_ECONFLICT,
+                           "cannot resize a pinned key or one an L2 source holds", &p, 1);
     }
     case KVIDX_ECAPACITY:
         return res_problem(res, KVIDX_ECAPACITY,
