@@ -2,9 +2,10 @@
  * The loopback HTTP client and the key naming shared by the benchmark
  * programs (bench_http, bench_lookup, bench_cpu, bench_fs_source,
  * bench_fleet): one keep-alive connection, blocking writes, responses read
- * by Content-Length. Header-only because every
- * tests/bench/bench_*.c is its own program; include it once, after
- * defining BENCH_NAME (used in error messages).
+ * by Content-Length; a growable string; the server process's CPU time and
+ * resident bytes. Header-only because every tests/bench/bench_*.c is its
+ * own program; include it once, after defining BENCH_NAME (used in error
+ * messages).
  */
 #ifndef KVIDX_BENCH_CLIENT_H
 #define KVIDX_BENCH_CLIENT_H
@@ -12,6 +13,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,79 @@ static void die(const char *m)
 {
     fprintf(stderr, BENCH_NAME ": %s\n", m);
     exit(1);
+}
+
+/* A growable string; sput appends printf-style and dies on out-of-memory. */
+struct str {
+    char *p;
+    size_t n, cap;
+};
+
+static inline void sput(struct str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static inline void sput(struct str *s, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(s->p ? s->p + s->n : NULL, s->p ? s->cap - s->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0)
+            die("vsnprintf");
+        if (s->p && s->n + (size_t)k < s->cap) {
+            s->n += (size_t)k;
+            return;
+        }
+        s->cap = (s->cap + (size_t)k + 1) * 2;
+        s->p = realloc(s->p, s->cap);
+        if (!s->p)
+            die("oom");
+    }
+}
+
+/* The server's CPU time (utime + stime from /proc/PID/stat) in seconds;
+ * dies when it cannot be read. */
+static inline double server_cpu_s(int pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        die("cannot read the server's /proc/PID/stat");
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    if (!p)
+        die("bad /proc/PID/stat");
+    /* After the command: field 3 (state) ... utime is field 14, stime 15. */
+    unsigned long long ut = 0, st = 0;
+    p += 2;
+    for (int field = 3; field < 14; field++) {
+        p = strchr(p, ' ');
+        if (!p)
+            die("bad /proc/PID/stat");
+        p++;
+    }
+    if (sscanf(p, "%llu %llu", &ut, &st) != 2)
+        die("bad /proc/PID/stat");
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* The server's resident bytes (VmRSS of /proc/PID/status), or -1 when the
+ * file cannot be opened. */
+static inline long server_rss(int pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", pid);
+    FILE *f = fopen(path, "r");
+    long kb = -1;
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (!strncmp(line, "VmRSS:", 6))
+            kb = atol(line + 6);
+    fclose(f);
+    return kb * 1024;
 }
 
 /* "Authorization: Bearer $KVIDX_BENCH_TOKEN\r\n" when that variable is

@@ -41,78 +41,6 @@
 
 #define SIZE "2097152"
 
-/* ---- growable string ---- */
-struct str {
-    char *p;
-    size_t n, cap;
-};
-
-static void sput(struct str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sput(struct str *s, const char *fmt, ...)
-{
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(s->p ? s->p + s->n : NULL, s->p ? s->cap - s->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0)
-            die("vsnprintf");
-        if (s->p && s->n + (size_t)k < s->cap) {
-            s->n += (size_t)k;
-            return;
-        }
-        s->cap = (s->cap + (size_t)k + 1) * 2;
-        s->p = realloc(s->p, s->cap);
-        if (!s->p)
-            die("oom");
-    }
-}
-
-/* ---- the server's CPU and memory ---- */
-
-/* utime + stime of process pid, in seconds. */
-static double cpu_s(int pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        die("cannot read the server's /proc/PID/stat");
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')');
-    if (!p)
-        die("bad /proc/PID/stat");
-    /* After the command: field 3 (state) ... utime is field 14, stime 15. */
-    unsigned long long ut = 0, st = 0;
-    p += 2;
-    for (int field = 3; field < 14; field++) {
-        p = strchr(p, ' ');
-        if (!p)
-            die("bad /proc/PID/stat");
-        p++;
-    }
-    if (sscanf(p, "%llu %llu", &ut, &st) != 2)
-        die("bad /proc/PID/stat");
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
-static long rss_of(int pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%d/status", pid);
-    FILE *f = fopen(path, "r");
-    long kb = -1;
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (!strncmp(line, "VmRSS:", 6))
-            kb = atol(line + 6);
-    fclose(f);
-    return kb * 1024;
-}
-
 /* ---- keys ---- */
 
 static uint32_t ipc_rank(uint32_t ws, uint32_t r)
@@ -411,7 +339,7 @@ static void round_kvidx(int fd, int pid, const struct op *o, double secs, double
     const char *b;
     size_t bl;
     long n = 0;
-    double c0 = cpu_s(pid), t0 = now(), t;
+    double c0 = server_cpu_s(pid), t0 = now(), t;
     do {
         int st = http(fd, o->method, o->path.p, o->body.n ? &o->body : NULL, &b, &bl);
         if (st != o->want)
@@ -419,7 +347,7 @@ static void round_kvidx(int fd, int pid, const struct op *o, double secs, double
         n++;
         t = now();
     } while (t - t0 < secs);
-    double c1 = cpu_s(pid);
+    double c1 = server_cpu_s(pid);
     *cpu_us = (c1 - c0) * 1e6 / (double)n;
     *wall_us = (t - t0) * 1e6 / (double)n;
 }
@@ -428,14 +356,14 @@ static void round_redis(int fd, int pid, const struct op *o, double secs, double
                         double *wall_us)
 {
     long n = 0;
-    double c0 = cpu_s(pid), t0 = now(), t;
+    double c0 = server_cpu_s(pid), t0 = now(), t;
     do {
         send_all(fd, o->cmd.p, o->cmd.n);
         resp_read(fd, NULL, NULL, 0);
         n++;
         t = now();
     } while (t - t0 < secs);
-    double c1 = cpu_s(pid);
+    double c1 = server_cpu_s(pid);
     *cpu_us = (c1 - c0) * 1e6 / (double)n;
     *wall_us = (t - t0) * 1e6 / (double)n;
 }
@@ -569,8 +497,8 @@ static void trace(const char *side, int port, int pid, const char *file, long wo
     struct str lb = {0}, sb = {0};
     uint8_t *hit = malloc(64 * 1024);
     long hit_chunks = 0, chunks = 0, stored = 0;
-    long rss0 = rss_of(pid);
-    double c0 = cpu_s(pid), t0 = now();
+    long rss0 = server_rss(pid);
+    double c0 = server_cpu_s(pid), t0 = now();
     for (long q = 0; q < nreq; q++) {
         const struct req *r = &reqs[q];
         long C = r->n, h = 0;
@@ -648,8 +576,8 @@ static void trace(const char *side, int port, int pid, const char *file, long wo
         }
         hit_chunks += h;
     }
-    double c1 = cpu_s(pid), t1 = now();
-    long rss1 = rss_of(pid);
+    double c1 = server_cpu_s(pid), t1 = now();
+    long rss1 = server_rss(pid);
     if (redis) {
         /* DBSIZE: the keys stored. */
         send_all(fd, "*1\r\n$6\r\nDBSIZE\r\n", 16);

@@ -29,73 +29,6 @@
 #define BENCH_NAME "bench_fleet"
 #include "bench_client.h"
 
-struct str {
-    char *p;
-    size_t n, cap;
-};
-
-static void sput(struct str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sput(struct str *s, const char *fmt, ...)
-{
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(s->p ? s->p + s->n : NULL, s->p ? s->cap - s->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0)
-            die("vsnprintf");
-        if (s->p && s->n + (size_t)k < s->cap) {
-            s->n += (size_t)k;
-            return;
-        }
-        s->cap = (s->cap + (size_t)k + 1) * 2;
-        s->p = realloc(s->p, s->cap);
-        if (!s->p)
-            die("oom");
-    }
-}
-
-static double cpu_s(int pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        die("cannot read the server's /proc/PID/stat");
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')');
-    if (!p)
-        die("bad /proc/PID/stat");
-    unsigned long long ut = 0, st = 0;
-    p += 2;
-    for (int field = 3; field < 14; field++) {
-        p = strchr(p, ' ');
-        if (!p)
-            die("bad /proc/PID/stat");
-        p++;
-    }
-    if (sscanf(p, "%llu %llu", &ut, &st) != 2)
-        die("bad /proc/PID/stat");
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
-static long rss_of(int pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%d/status", pid);
-    FILE *f = fopen(path, "r");
-    long kb = -1;
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (!strncmp(line, "VmRSS:", 6))
-            kb = atol(line + 6);
-    fclose(f);
-    return kb * 1024;
-}
-
 static double self_cpu(void)
 {
     struct timespec ts;
@@ -240,13 +173,13 @@ static void events(int kport, int kpid, int rport, int rpid, double secs, size_t
         }
         if (parse == 0)
             parse = parse_floor(&bodies[0]);
-        double c0 = cpu_s(kpid), t0 = now();
+        double c0 = server_cpu_s(kpid), t0 = now();
         for (size_t i = 0; i < nb; i++) {
             const char *b = post_ok(fd, "/events", &bodies[i], "POST /events", NULL);
             if (!strstr(b, "\"applied\":1"))
                 die("a batch was not applied");
         }
-        cpu += cpu_s(kpid) - c0;
+        cpu += server_cpu_s(kpid) - c0;
         wall += now() - t0;
         reqs += (long)nb;
     }
@@ -261,13 +194,13 @@ static void events(int kport, int kpid, int rport, int rpid, double secs, size_t
         struct str cmd = {0};
         mset_cmd(&cmd, base, 1000);
         long n = 0;
-        double c0 = cpu_s(rpid), t0 = now();
+        double c0 = server_cpu_s(rpid), t0 = now();
         do {
             send_all(rfd, cmd.p, cmd.n);
             resp_ok(rfd);
             n++;
         } while (now() - t0 < secs);
-        double rcpu = (cpu_s(rpid) - c0) / (double)n;
+        double rcpu = (server_cpu_s(rpid) - c0) / (double)n;
         printf("%s_redis_mset_cpu_per_key %.3f us\n", label, rcpu * 1e6 / 1000.0);
         printf("%s_vs_redis_mset %.2f x\n", label, rcpu / per_req);
         free(cmd.p);
@@ -315,12 +248,12 @@ static void lookup_tokens(int kport, int kpid, double secs)
     sput(&s, "]}");
     double parse = parse_floor(&s);
     long n = 0;
-    double c0 = cpu_s(kpid), t0 = now();
+    double c0 = server_cpu_s(kpid), t0 = now();
     do {
         post_ok(fd, "/directory/lookup", &s, "POST /directory/lookup", &bl);
         n++;
     } while (now() - t0 < secs);
-    double cpu = (cpu_s(kpid) - c0) / (double)n;
+    double cpu = (server_cpu_s(kpid) - c0) / (double)n;
     printf("lookup_tokens_body_bytes %zu B\n", s.n);
     printf("lookup_tokens_answer_bytes %zu B\n", bl);
     printf("lookup_tokens_server_cpu %.1f us\n", cpu * 1e6);
@@ -358,23 +291,23 @@ static void fence_and_memory(int kport, int kpid)
     struct str s = {0};
     const char *b;
     size_t bl;
-    long rss0 = rss_of(kpid), mem0 = dir_memory(fd);
+    long rss0 = server_rss(kpid), mem0 = dir_memory(fd);
     for (uint64_t i = 0; i < KEYS / PER; i++) {
         store_body(&s, "mp-big", 1, i + 1, "l1", first + i * PER, PER, 0);
         post_ok(fd, "/events", &s, "POST /events (1M)", &bl);
     }
-    long rss1 = rss_of(kpid), mem1 = dir_memory(fd);
+    long rss1 = server_rss(kpid), mem1 = dir_memory(fd);
     for (uint64_t i = 0; i < KEYS / PER; i++) {
         store_body(&s, "mp-two", 1, i + 1, "l2", first + i * PER, PER, 0);
         post_ok(fd, "/events", &s, "POST /events (2nd placement)", &bl);
     }
-    long rss2 = rss_of(kpid), mem2 = dir_memory(fd);
+    long rss2 = server_rss(kpid), mem2 = dir_memory(fd);
     enum { TKEYS = 100000, NTOK = 256 };
     for (uint64_t i = 0; i < TKEYS / PER; i++) {
         store_body(&s, "mp-two", 1, KEYS / PER + i + 1, "l2", first + i * PER, PER, NTOK);
         post_ok(fd, "/events", &s, "POST /events (tokens)", &bl);
     }
-    long rss3 = rss_of(kpid), mem3 = dir_memory(fd);
+    long rss3 = server_rss(kpid), mem3 = dir_memory(fd);
     printf("resident_per_key_one_placement %.1f B\n", (double)(rss1 - rss0) / KEYS);
     printf("directory_bytes_per_key_one_placement %.1f B\n", (double)(mem1 - mem0) / KEYS);
     printf("resident_per_extra_placement %.1f B\n", (double)(rss2 - rss1) / KEYS);
@@ -388,7 +321,7 @@ static void fence_and_memory(int kport, int kpid)
              "\"event_type\":\"store\",\"tier\":\"l1\",\"backend\":\"dram\",\"entries\":[]}]}");
     static const char livez[] = "GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
     int probe = dial(kport);
-    double c0 = cpu_s(kpid), t0 = now();
+    double c0 = server_cpu_s(kpid), t0 = now();
     static struct str req;
     req.n = 0;
     sput(&req,
@@ -405,7 +338,7 @@ static void fence_and_memory(int kport, int kpid)
     double pause = now() - p0;
     int fst = http_read(fd, &b, &bl);
     must(fst, 200, "POST /events (fence)", b, bl);
-    double fence = now() - t0, cpu = cpu_s(kpid) - c0;
+    double fence = now() - t0, cpu = server_cpu_s(kpid) - c0;
     printf("fence_1M_l1_request %.1f ms\n", fence * 1e3);
     printf("fence_1M_l1_server_cpu %.1f ms\n", cpu * 1e3);
     printf("fence_1M_l1_probe_wait %.1f ms\n", pause * 1e3);

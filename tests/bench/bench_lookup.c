@@ -48,33 +48,6 @@
 #define BENCH_NAME "bench_lookup"
 #include "bench_client.h"
 
-/* ---- growable string ---- */
-struct str {
-    char *p;
-    size_t n, cap;
-};
-
-static void sput(struct str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sput(struct str *s, const char *fmt, ...)
-{
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(s->p ? s->p + s->n : NULL, s->p ? s->cap - s->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0)
-            die("vsnprintf");
-        if (s->p && s->n + (size_t)k < s->cap) {
-            s->n += (size_t)k;
-            return;
-        }
-        s->cap = (s->cap + (size_t)k + 1) * 2;
-        s->p = realloc(s->p, s->cap);
-        if (!s->p)
-            die("oom");
-    }
-}
-
 /* ---- forms ---- */
 struct form {
     int ipc;
