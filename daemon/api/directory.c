@@ -36,6 +36,38 @@ static int answer_oom(struct response *res)
     return res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
 }
 
+/* Ends a handler that has written its JSON body: 200, or the out-of-memory
+ * problem (the partial body dropped) when failed. */
+static int answer_json(struct response *res, int failed)
+{
+    if (failed)
+        return answer_oom(res);
+    res_json(res, 200);
+    return 0;
+}
+
+/* The keys of a lookup or score body (keys or tokens form): 0 with *root
+ * and *fk to release with keys_body_free, or -1 when the request has been
+ * answered with its error and nothing is held. */
+static int keys_body_read(const struct request *req, struct response *res, cJSON **root,
+                          struct fleet_keys *fk)
+{
+    *root = NULL;
+    if (json_parse_body(req, res, root) != 0)
+        return -1;
+    if (fleet_keys_parse(req, res, *root, fk) != 0) {
+        cJSON_Delete(*root);
+        return -1;
+    }
+    return 0;
+}
+
+static void keys_body_free(cJSON *root, struct fleet_keys *fk)
+{
+    fleet_keys_free(fk);
+    cJSON_Delete(root);
+}
+
 /* A decimal query integer in [lo, hi]: 1 found, 0 absent, -1 bad. */
 static int query_uint(const struct request *req, const char *name, uint64_t lo, uint64_t hi,
                       uint64_t *out)
@@ -185,10 +217,7 @@ static int keys_by_token(const struct request *req, struct response *res,
         jw_null(&w);
     }
     jw_obj_end(&w);
-    if (rc != 0 || res->body.failed)
-        return answer_oom(res);
-    res_json(res, 200);
-    return 0;
+    return answer_json(res, rc != 0 || res->body.failed);
 }
 
 static int api_dir_keys(const struct request *req, struct response *res)
@@ -270,22 +299,15 @@ static int api_dir_keys(const struct request *req, struct response *res)
     jw_obj_end(&w);
     int failed = rc != 0 || rows.failed || res->body.failed;
     buf_free(&rows);
-    if (failed)
-        return answer_oom(res);
-    res_json(res, 200);
-    return 0;
+    return answer_json(res, failed);
 }
 
 static int api_dir_lookup(const struct request *req, struct response *res)
 {
-    cJSON *root = NULL;
-    if (json_parse_body(req, res, &root) != 0)
-        return 0;
+    cJSON *root;
     struct fleet_keys fk;
-    if (fleet_keys_parse(req, res, root, &fk) != 0) {
-        cJSON_Delete(root);
+    if (keys_body_read(req, res, &root, &fk) != 0)
         return 0;
-    }
     const kvidx_directory_t *d = req->app->fleet->dir;
     struct jw w;
     jw_init(&w, &res->body);
@@ -316,12 +338,8 @@ static int api_dir_lookup(const struct request *req, struct response *res)
     }
     jw_arr_end(&w);
     jw_obj_end(&w);
-    fleet_keys_free(&fk);
-    cJSON_Delete(root);
-    if (res->body.failed)
-        return answer_oom(res);
-    res_json(res, 200);
-    return 0;
+    keys_body_free(root, &fk);
+    return answer_json(res, res->body.failed);
 }
 
 static int l1_by_instance(void *ctx, const kvidx_dir_inst_stats_t *s)
@@ -406,10 +424,7 @@ static int api_dir_stats(const struct request *req, struct response *res)
     jw_key(&w, "chunk_size");
     jw_u64(&w, req->app->cfg.chunk_size);
     jw_obj_end(&w);
-    if (res->body.failed)
-        return answer_oom(res);
-    res_json(res, 200);
-    return 0;
+    return answer_json(res, res->body.failed);
 }
 
 static int stream_row(void *ctx, const kvidx_dir_stream_t *s)
@@ -446,22 +461,15 @@ static int api_dir_streams(const struct request *req, struct response *res)
     kvidx_directory_streams(req->app->fleet->dir, stream_row, &w);
     jw_arr_end(&w);
     jw_obj_end(&w);
-    if (res->body.failed)
-        return answer_oom(res);
-    res_json(res, 200);
-    return 0;
+    return answer_json(res, res->body.failed);
 }
 
 static int api_dir_score(const struct request *req, struct response *res)
 {
-    cJSON *root = NULL;
-    if (json_parse_body(req, res, &root) != 0)
-        return 0;
+    cJSON *root;
     struct fleet_keys fk;
-    if (fleet_keys_parse(req, res, root, &fk) != 0) {
-        cJSON_Delete(root);
+    if (keys_body_read(req, res, &root, &fk) != 0)
         return 0;
-    }
     /* The tokens form is chunk-major with world_size ranks a chunk; the
      * keys form names one key per chunk. One full-attention group. */
     int64_t window = -1;
@@ -472,8 +480,7 @@ static int api_dir_score(const struct request *req, struct response *res)
     auth_hide_keys(req, fk.keys, fk.n);
     int rc = kvidx_directory_score(req->app->fleet->dir, fk.keys, fk.n, &shape, &scores, &count);
     if (rc != 0) {
-        fleet_keys_free(&fk);
-        cJSON_Delete(root);
+        keys_body_free(root, &fk);
         return res_problem(res, rc, rc == KVIDX_ENOMEM ? "out of memory" : "bad request shape",
                            NULL, 0);
     }
@@ -505,12 +512,8 @@ static int api_dir_score(const struct request *req, struct response *res)
     jw_arr_end(&w);
     jw_obj_end(&w);
     kvidx_directory_score_free(scores);
-    fleet_keys_free(&fk);
-    cJSON_Delete(root);
-    if (res->body.failed)
-        return answer_oom(res);
-    res_json(res, 200);
-    return 0;
+    keys_body_free(root, &fk);
+    return answer_json(res, res->body.failed);
 }
 
 const struct route directory_routes[] = {
