@@ -15,6 +15,7 @@
 /* The index's private structures, for the test that breaks invariants on
  * purpose and expects kvidx_index_check to notice. */
 #include "../../../lib/index/index_int.h"
+#include "failing_alloc.h"
 
 #include <sodium.h>
 
@@ -879,51 +880,12 @@ Test(index, invalid_arguments)
 
 /* ---- out of memory ---- */
 
-typedef struct failing {
-    long count, fail_at, live;
-} failing_t;
-
-static failing_t F;
-
-static void *f_malloc(void *ctx, size_t n)
-{
-    (void)ctx;
-    if (++F.count == F.fail_at)
-        return NULL;
-    void *p = malloc(n);
-    if (p)
-        F.live++;
-    return p;
-}
-
-static void *f_realloc(void *ctx, void *p, size_t n)
-{
-    (void)ctx;
-    if (++F.count == F.fail_at)
-        return NULL;
-    void *q = realloc(p, n);
-    if (q && !p)
-        F.live++;
-    return q;
-}
-
-static void f_free(void *ctx, void *p)
-{
-    (void)ctx;
-    if (p)
-        F.live--;
-    free(p);
-}
-
 /* A fingerprint of everything observable: stats and every key's info. */
 static uint64_t fingerprint(kvidx_index_t *idx, const kvidx_put_t *keys, size_t n)
 {
     kvidx_index_stats_t st;
     kvidx_index_stats(idx, &st);
-    uint64_t h = 1469598103934665603ULL;
-    const unsigned char *p = (const unsigned char *)&st;
-    for (size_t i = 0; i < sizeof(st); i++)
-        h = (h ^ p[i]) * 1099511628211ULL;
+    uint64_t h = fingerprint_bytes(FINGERPRINT_SEED, &st, sizeof(st));
     for (size_t i = 0; i < n; i++) {
         kvidx_ref_t r;
         kvidx_entry_info_t info;
@@ -932,16 +894,14 @@ static uint64_t fingerprint(kvidx_index_t *idx, const kvidx_put_t *keys, size_t 
             kvidx_index_info(idx, r, &info);
         else
             info.size_bytes = 12345;
-        p = (const unsigned char *)&info;
-        for (size_t j = 0; j < sizeof(info); j++)
-            h = (h ^ p[j]) * 1099511628211ULL;
+        h = fingerprint_bytes(h, &info, sizeof(info));
     }
     return h;
 }
 
 Test(index, out_of_memory_is_atomic_and_leak_free)
 {
-    kvidx_allocator_t a = {f_malloc, f_realloc, f_free, NULL};
+    kvidx_allocator_t a = {failing_malloc, failing_realloc, failing_free, NULL};
     kvidx_set_allocator(&a);
     enum { BASE = 3000, NEW = 1500 };
     static kvidx_put_t base[BASE], batch[NEW], all[BASE + NEW];
@@ -962,8 +922,8 @@ Test(index, out_of_memory_is_atomic_and_leak_free)
     }
     int succeeded = 0, failures = 0;
     for (long n = 1; n < 400 && !succeeded; n++) {
-        F.count = 0;
-        F.fail_at = 0;
+        failing.count = 0;
+        failing.fail_at = 0;
         kvidx_index_t *idx = new_index(38000, 0);
         cr_assert_eq(kvidx_index_put_batch(idx, KVIDX_TIER_L1, base, BASE, NULL), 0);
         for (int i = 0; i < 50; i++) {
@@ -973,9 +933,9 @@ Test(index, out_of_memory_is_atomic_and_leak_free)
         }
         cr_assert_eq(kvidx_index_check(idx), 0);
         uint64_t fp = fingerprint(idx, all, BASE + NEW);
-        F.fail_at = F.count + n;
+        failing.fail_at = failing.count + n;
         int rc = kvidx_index_put_batch(idx, KVIDX_TIER_L1, batch, NEW, NULL);
-        F.fail_at = 0;
+        failing.fail_at = 0;
         cr_assert_eq(kvidx_index_check(idx), 0, "n=%ld", n);
         if (rc == 0) {
             succeeded = 1;
@@ -988,23 +948,23 @@ Test(index, out_of_memory_is_atomic_and_leak_free)
             cr_assert_eq(kvidx_index_check(idx), 0, "n=%ld", n);
         }
         kvidx_index_free(idx);
-        cr_assert_eq(F.live, 0, "leak at n=%ld", n);
+        cr_assert_eq(failing.live, 0, "leak at n=%ld", n);
     }
     cr_assert(succeeded);
     /* Scratch, table, slabs, L1 slots, names, namespaces and tree nodes. */
     cr_assert_geq(failures, 10, "only %d injected failures", failures);
     /* Reserve and new under failure too. */
     for (long n = 1; n < 4; n++) {
-        F.count = 0;
-        F.fail_at = n;
+        failing.count = 0;
+        failing.fail_at = n;
         kvidx_index_t *idx = NULL;
         int rc = kvidx_index_new(NULL, &idx);
-        F.fail_at = 0;
+        failing.fail_at = 0;
         if (rc == 0)
             kvidx_index_free(idx);
         else
             cr_assert_eq(rc, KVIDX_ENOMEM);
-        cr_assert_eq(F.live, 0);
+        cr_assert_eq(failing.live, 0);
     }
     kvidx_set_allocator(NULL);
 }

@@ -16,6 +16,7 @@
 
 /* Private structures, for the tests that break invariants on purpose. */
 #include "../../../lib/index/index_int.h"
+#include "failing_alloc.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -534,48 +535,11 @@ Test(index_source, resync_replaces_the_membership_in_one_step)
 
 /* ---- out of memory ---- */
 
-static struct {
-    long count, fail_at, live;
-} F;
-
-static void *f_malloc(void *ctx, size_t n)
-{
-    (void)ctx;
-    if (++F.count == F.fail_at)
-        return NULL;
-    void *p = malloc(n);
-    if (p)
-        F.live++;
-    return p;
-}
-
-static void *f_realloc(void *ctx, void *p, size_t n)
-{
-    (void)ctx;
-    if (++F.count == F.fail_at)
-        return NULL;
-    void *q = realloc(p, n);
-    if (q && !p)
-        F.live++;
-    return q;
-}
-
-static void f_free(void *ctx, void *p)
-{
-    (void)ctx;
-    if (p)
-        F.live--;
-    free(p);
-}
-
 static uint64_t fingerprint(kvidx_index_t *idx, const kvidx_key_t *keys, size_t n)
 {
     kvidx_index_stats_t st;
     kvidx_index_stats(idx, &st);
-    uint64_t h = 1469598103934665603ULL;
-    const unsigned char *p = (const unsigned char *)&st;
-    for (size_t i = 0; i < sizeof(st); i++)
-        h = (h ^ p[i]) * 1099511628211ULL;
+    uint64_t h = fingerprint_bytes(FINGERPRINT_SEED, &st, sizeof(st));
     for (size_t i = 0; i < n; i++) {
         kvidx_ref_t r;
         kvidx_entry_info_t info;
@@ -587,9 +551,7 @@ static uint64_t fingerprint(kvidx_index_t *idx, const kvidx_key_t *keys, size_t 
         } else {
             info.size_bytes = 12345;
         }
-        p = (const unsigned char *)&info;
-        for (size_t j = 0; j < sizeof(info); j++)
-            h = (h ^ p[j]) * 1099511628211ULL;
+        h = fingerprint_bytes(h, &info, sizeof(info));
         h = (h ^ mask) * 1099511628211ULL;
     }
     for (unsigned s = 0; s < 2; s++) {
@@ -640,12 +602,12 @@ Test(index_source, out_of_memory_is_atomic_and_leak_free)
         nsz[i] = 20 + (uint64_t)(i % 3);
         all[BASE + i] = batch[i];
     }
-    kvidx_allocator_t a = {f_malloc, f_realloc, f_free, NULL};
+    kvidx_allocator_t a = {failing_malloc, failing_realloc, failing_free, NULL};
     kvidx_set_allocator(&a);
     int succeeded = 0, failures = 0;
     for (long n = 1; n < 400 && !succeeded; n++) {
-        F.count = 0;
-        F.fail_at = 0;
+        failing.count = 0;
+        failing.fail_at = 0;
         kvidx_index_t *idx = new_index();
         unsigned s0, s1;
         cr_assert_eq(kvidx_index_source_add(idx, &s0), 0);
@@ -657,9 +619,9 @@ Test(index_source, out_of_memory_is_atomic_and_leak_free)
         cr_assert_eq(kvidx_index_put_batch(idx, KVIDX_TIER_L1, &it, 1, NULL), 0);
         cr_assert_eq(kvidx_index_check(idx), 0);
         uint64_t fp = fingerprint(idx, all, BASE + NEW);
-        F.fail_at = F.count + n;
+        failing.fail_at = failing.count + n;
         int rc = kvidx_index_source_put(idx, s1, batch, nsz, NEW, NULL);
-        F.fail_at = 0;
+        failing.fail_at = 0;
         cr_assert_eq(kvidx_index_check(idx), 0, "n=%ld", n);
         if (rc == 0) {
             succeeded = 1;
@@ -674,7 +636,7 @@ Test(index_source, out_of_memory_is_atomic_and_leak_free)
         cr_assert_eq(kvidx_index_source_resync_end(idx, s1, NULL), 0);
         cr_assert_eq(kvidx_index_check(idx), 0, "n=%ld", n);
         kvidx_index_free(idx);
-        cr_assert_eq(F.live, 0, "leak at n=%ld", n);
+        cr_assert_eq(failing.live, 0, "leak at n=%ld", n);
     }
     kvidx_set_allocator(NULL);
     cr_assert(succeeded);
