@@ -361,6 +361,24 @@ static int entry_object(struct cur *c, kvidx_put_t *it, const kvidx_key_t *prev,
 /* The entries array at c->p ('['), into ks->items; more than max
  * elements, or any element that is not a plain KeyEntry, and the cJSON
  * path answers. */
+/* After an array element: 0 past the closing ']', 1 past a ',' (another
+ * element follows; it counts one more value), -1 for anything else. */
+static int array_next(struct cur *c, size_t *values)
+{
+    skip_ws(c);
+    if (c->p == c->e)
+        return -1;
+    if (*c->p == ']') {
+        c->p++;
+        return 0;
+    }
+    if (*c->p != ',')
+        return -1;
+    c->p++;
+    (*values)++;
+    return 1;
+}
+
 static int scan_entries(struct cur *c, struct keyscan *ks, uint64_t max, size_t *values)
 {
     /* An entry takes at least 80 bytes: one allocation usually. */
@@ -392,17 +410,9 @@ static int scan_entries(struct cur *c, struct keyscan *ks, uint64_t max, size_t 
         if (entry_object(c, &ks->items[ks->n], prev, values) != 0)
             return -1;
         ks->n++;
-        skip_ws(c);
-        if (c->p == c->e)
-            return -1;
-        if (*c->p == ']') {
-            c->p++;
-            return 0;
-        }
-        if (*c->p != ',')
-            return -1;
-        c->p++;
-        (*values)++;
+        int rc = array_next(c, values);
+        if (rc <= 0)
+            return rc;
     }
 }
 
@@ -459,17 +469,9 @@ static int scan_array(struct cur *c, struct keyscan *ks, int keys, uint64_t max,
         if (rc != 0)
             return -1;
         (*n)++;
-        skip_ws(c);
-        if (c->p == c->e)
-            return -1;
-        if (*c->p == ']') {
-            c->p++;
-            return 0;
-        }
-        if (*c->p != ',')
-            return -1;
-        c->p++;
-        (*values)++;
+        rc = array_next(c, values);
+        if (rc <= 0)
+            return rc;
     }
 }
 
