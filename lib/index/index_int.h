@@ -789,6 +789,28 @@ static inline int tree_prepare(kvidx_index_t *idx, const ns_t *ns)
     return ix_tree_prepare_slow(idx, ns);
 }
 
+/* Creates key k of size bytes in ns as a record with no copy yet: in the
+ * tree and the table, counted. The caller has reserved the record and the
+ * table slot; tree nodes are reserved here. Returns 0 and *ref, or
+ * KVIDX_ENOMEM after dropping ns if it is left empty (nothing else
+ * changed). */
+static inline int ix_key_insert(kvidx_index_t *idx, hcache_t *hc, ns_t *ns, const kvidx_key_t *k,
+                                uint64_t size, kvidx_ref_t *ref)
+{
+    int rc = tree_prepare(idx, ns);
+    if (rc) {
+        ix_ns_drop_if_empty(idx, ns);
+        return rc;
+    }
+    *ref = rec_new(idx, ns, k, size);
+    tkey_t t = rec_tkey(rec_at(idx, *ref));
+    ix_tree_insert(idx, ns, &t, *ref);
+    ht_insert(idx, *ref, tk_hash_cached(idx, hc, ns->id, &t));
+    ns->nkeys++;
+    idx->c.keys++;
+    return 0;
+}
+
 /* source.c */
 void ix_sources_free(kvidx_index_t *idx);
 int ix_check_sources(const kvidx_index_t *idx);

@@ -137,20 +137,10 @@ static int create_key(kvidx_index_t *idx, hcache_t *hc, const kvidx_key_t *k, ui
         rc = ix_ns_get(idx, k, ns);
     if (rc)
         return rc;
-    rc = tree_prepare(idx, *ns);
-    if (rc) {
-        ix_ns_drop_if_empty(idx, *ns);
+    rc = ix_key_insert(idx, hc, *ns, k, size, ref);
+    if (rc)
         *ns = NULL;
-        return rc;
-    }
-    *ref = rec_new(idx, *ns, k, size);
-    uint8_t *r = rec_at(idx, *ref);
-    tkey_t t = rec_tkey(r);
-    ix_tree_insert(idx, *ns, &t, *ref);
-    ht_insert(idx, *ref, tk_hash_cached(idx, hc, (*ns)->id, &t));
-    (*ns)->nkeys++;
-    idx->c.keys++;
-    return 0;
+    return rc;
 }
 
 /* Undoes the first nu changes of a put, newest first, and puts the

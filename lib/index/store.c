@@ -307,18 +307,10 @@ static int put_apply_new(kvidx_index_t *idx, batch_t *b, const kvidx_put_t *it, 
         if (rc)
             return rc;
     }
-    int rc = tree_prepare(idx, *ns);
-    if (rc) {
-        ix_ns_drop_if_empty(idx, *ns);
+    int rc = ix_key_insert(idx, &b->hc, *ns, k, it->size_bytes, ref);
+    if (rc)
         return rc;
-    }
-    *ref = rec_new(idx, *ns, k, it->size_bytes);
     uint8_t *r = rec_at(idx, *ref);
-    tkey_t t = rec_tkey(r);
-    ix_tree_insert(idx, *ns, &t, *ref);
-    ht_insert(idx, *ref, tk_hash_cached(idx, &b->hc, (*ns)->id, &t));
-    (*ns)->nkeys++;
-    idx->c.keys++;
     if (b->tier == KVIDX_TIER_L2) {
         rec_set_l2(r, 1);
         idx->c.l2_keys++;
