@@ -243,15 +243,9 @@ static int parse_value(enum param p, const char *v, size_t vn, kvidx_list_query_
     return fail(why, "query", "internal: unhandled parameter", KVIDX_EINTERNAL);
 }
 
-int kvidx_list_query_parse(const char *qs, size_t n, kvidx_list_query_t *out, kvidx_reason_t *why,
-                           kvidx_query_span_t *where)
+int kvidx_query_next(const char *qs, size_t n, size_t *pos, kvidx_query_pair_t *p)
 {
-    unsigned seen = 0;
-    memset(out, 0, sizeof *out);
-    out->page_size = KVIDX_PAGE_SIZE_DEFAULT;
-    out->tier = KVIDX_LIST_TIER_ANY;
-
-    size_t i = 0;
+    size_t i = *pos;
     while (i < n) {
         size_t start = i;
         while (i < n && qs[i] != '&')
@@ -260,17 +254,40 @@ int kvidx_list_query_parse(const char *qs, size_t n, kvidx_list_query_t *out, kv
         if (i < n)
             i++; /* skip '&' */
         if (end == start)
-            continue; /* empty pair: `a=1&&b=2`, a trailing `&` */
+            continue;
         size_t eq = start;
         while (eq < end && qs[eq] != '=')
             eq++;
-        const char *v = eq < end ? qs + eq + 1 : qs + end;
-        size_t vn = eq < end ? end - eq - 1 : 0;
+        p->name = qs + start;
+        p->name_len = eq - start;
+        p->value = eq < end ? qs + eq + 1 : qs + end;
+        p->value_len = eq < end ? end - eq - 1 : 0;
+        p->off = start;
+        *pos = i;
+        return 1;
+    }
+    *pos = n;
+    return 0;
+}
+
+int kvidx_list_query_parse(const char *qs, size_t n, kvidx_list_query_t *out, kvidx_reason_t *why,
+                           kvidx_query_span_t *where)
+{
+    unsigned seen = 0;
+    memset(out, 0, sizeof *out);
+    out->page_size = KVIDX_PAGE_SIZE_DEFAULT;
+    out->tier = KVIDX_LIST_TIER_ANY;
+
+    size_t pos = 0;
+    kvidx_query_pair_t qp;
+    while (kvidx_query_next(qs, n, &pos, &qp)) {
+        const char *v = qp.value;
+        size_t vn = qp.value_len;
         if (where) {
-            where->off = start;
-            where->len = eq - start;
+            where->off = qp.off;
+            where->len = qp.name_len;
         }
-        int p = lookup_param(qs + start, eq - start);
+        int p = lookup_param(qp.name, qp.name_len);
         if (p < 0)
             return fail(why, "query",
                         "unknown parameter (known: model_name, cache_salt, kv_rank, "

@@ -827,29 +827,17 @@ int kvidx_pft_parse_wait(const char *qs, size_t n, int *given, uint64_t *ms, kvi
 {
     *given = 0;
     *ms = 0;
-    size_t i = 0;
-    while (i < n) {
-        size_t start = i;
-        while (i < n && qs[i] != '&')
-            i++;
-        size_t end = i;
-        if (i < n)
-            i++; /* skip '&' */
-        if (end == start)
-            continue; /* an empty pair */
-        size_t eq = start;
-        while (eq < end && qs[eq] != '=')
-            eq++;
+    size_t pos = 0;
+    kvidx_query_pair_t qp;
+    while (kvidx_query_next(qs, n, &pos, &qp)) {
         char name[8];
         size_t nl = 0;
-        if (kvidx_pct_decode(qs + start, eq - start, name, sizeof(name), &nl, 1) != 0 || nl != 7 ||
+        if (kvidx_pct_decode(qp.name, qp.name_len, name, sizeof(name), &nl, 1) != 0 || nl != 7 ||
             memcmp(name, "wait_ms", 7) != 0)
             return wait_fail(why, "query", "unknown parameter (known: wait_ms)");
         if (*given)
             return wait_fail(why, "wait_ms", "must not be given more than once");
-        const char *v = eq < end ? qs + eq + 1 : qs + end;
-        size_t vn = eq < end ? end - eq - 1 : 0;
-        if (wait_value(v, vn, ms) != 0)
+        if (wait_value(qp.value, qp.value_len, ms) != 0)
             return wait_fail(why, "wait_ms", "must be an integer 0..30000");
         *given = 1;
     }

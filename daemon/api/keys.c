@@ -528,20 +528,11 @@ static int check_query(const struct request *req, struct response *res, const ch
     const char *q = req->query ? req->query : "";
     size_t n = req->query ? req->query_len : 0;
     unsigned seen = 0;
-    for (size_t i = 0; i < n;) {
-        size_t start = i;
-        while (i < n && q[i] != '&')
-            i++;
-        size_t end = i;
-        if (i < n)
-            i++;
-        size_t eq = start;
-        while (eq < end && q[eq] != '=')
-            eq++;
-        if (end == start)
-            continue;
+    size_t pos = 0;
+    kvidx_query_pair_t qp;
+    while (kvidx_query_next(q, n, &pos, &qp)) {
         size_t k = 0;
-        while (known[k] && !is_text(q + start, eq - start, known[k]))
+        while (known[k] && !is_text(qp.name, qp.name_len, known[k]))
             k++;
         if (known[k] && !(seen & (1u << k))) {
             seen |= 1u << k;
@@ -554,15 +545,15 @@ static int check_query(const struct request *req, struct response *res, const ch
         } else {
             /* The name is request bytes: echoed only when short and made of
              * characters that need no escaping anywhere. */
-            size_t len = eq - start, j = 0;
+            size_t len = qp.name_len, j = 0;
             for (; j < len && len < sizeof(name); j++) {
-                char c = q[start + j];
+                char c = qp.name[j];
                 if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                       c == '_' || c == '-' || c == '.' || c == '~'))
                     break;
             }
             if (len > 0 && j == len && len < sizeof(name)) {
-                memcpy(name, q + start, len);
+                memcpy(name, qp.name, len);
                 name[len] = '\0';
             }
             p.reason = unknown_reason;

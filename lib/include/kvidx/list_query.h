@@ -71,6 +71,22 @@ typedef struct kvidx_query_span {
  * On error, *why (if not NULL) names the parameter in `field` ("query" for
  * an unknown name) and the rule broken; *where (if not NULL) locates the
  * parameter name in qs. *out is then unspecified. */
+int kvidx_list_query_parse(const char *qs, size_t n, kvidx_list_query_t *out, kvidx_reason_t *why,
+                           kvidx_query_span_t *where);
+
+/* One name[=value] pair of a query string: its raw (still encoded) name
+ * and value, and where the name starts. */
+typedef struct kvidx_query_pair {
+    const char *name, *value;
+    size_t name_len, value_len; /* value_len 0 also when there is no '=' */
+    size_t off;                 /* of the name in the query string */
+} kvidx_query_pair_t;
+
+/* The next non-empty pair of qs[0..n) at or after *pos (empty pairs, as in
+ * "a=1&&b=2" or a trailing '&', are skipped): 1 with *p filled and *pos
+ * moved past it, or 0 at the end. */
+int kvidx_query_next(const char *qs, size_t n, size_t *pos, kvidx_query_pair_t *p);
+
 /* Percent-decodes s[0..n) into buf (cap bytes, NUL-terminated on success);
  * '+' becomes a space when plus_is_space (form encoding, query strings) and
  * stays '+' otherwise (paths). Returns 0 with *len (may be NULL), KVIDX_EINVAL
@@ -78,9 +94,6 @@ typedef struct kvidx_query_span {
  * does not fit (a bad escape anywhere takes precedence). */
 int kvidx_pct_decode(const char *s, size_t n, char *buf, size_t cap, size_t *len,
                      int plus_is_space);
-
-int kvidx_list_query_parse(const char *qs, size_t n, kvidx_list_query_t *out, kvidx_reason_t *why,
-                           kvidx_query_span_t *where);
 
 /* Writes q back as a query string that kvidx_list_query_parse reads into an
  * equal struct: every parameter that is set, page_size always, tier unless
