@@ -9,6 +9,7 @@
 
 #include "app.h"
 #include "net/router.h"
+#include "route_call.h"
 #include "state/auth.h"
 #include "state/keystore.h"
 #include "state/prefetches.h"
@@ -78,54 +79,13 @@ static void teardown(void)
     unlink(tokens_path);
 }
 
-struct call {
-    struct request req;
-    struct response res;
-    char scratch[1024];
-    char path[512];
-};
-
 /* One request through the router with the Authorization value auth (NULL:
  * none). The caller frees it with call_free. */
 static struct call *call(const char *method, const char *target, const char *auth, const char *body)
 {
-    struct call *c = calloc(1, sizeof(*c));
-    snprintf(c->path, sizeof(c->path), "%s", target);
-    char *q = strchr(c->path, '?');
-    c->req.query = "";
-    if (q) {
-        *q = '\0';
-        c->req.query = q + 1;
-        c->req.query_len = strlen(q + 1);
-        c->req.has_query = 1;
-    }
-    c->req.method = strcmp(method, "GET") == 0      ? M_GET
-                    : strcmp(method, "HEAD") == 0   ? M_HEAD
-                    : strcmp(method, "PUT") == 0    ? M_PUT
-                    : strcmp(method, "POST") == 0   ? M_POST
-                    : strcmp(method, "DELETE") == 0 ? M_DELETE
-                                                    : M_OTHER;
-    c->req.method_name = method;
-    c->req.path = c->path;
-    c->req.path_len = strlen(c->path);
-    c->req.body = body ? body : "";
-    c->req.body_len = body ? strlen(body) : 0;
-    c->req.content_type = "application/json";
-    c->req.authorization = auth;
-    c->req.app = &app;
-    c->req.scratch = c->scratch;
-    c->req.scratch_cap = sizeof(c->scratch);
-    c->req.http_major = c->req.http_minor = 1;
-    buf_init(&c->res.body);
-    c->res.status = 200;
-    cr_assert_eq(router_dispatch(&c->req, &c->res, NULL), 0, "%s %s went async", method, target);
+    struct call *c = route_call(&app, method, target, auth, body);
+    cr_assert_eq(c->rc, 0, "%s %s went async", method, target);
     return c;
-}
-
-static void call_free(struct call *c)
-{
-    buf_free(&c->res.body);
-    free(c);
 }
 
 static int status(const char *method, const char *target, const char *auth, const char *body)

@@ -13,6 +13,7 @@
 #include "util/metrics.h"
 #include "state/prefetches.h"
 #include "net/router.h"
+#include "route_call.h"
 
 #include "kvidx/err.h"
 #include "kvidx/index.h"
@@ -55,57 +56,14 @@ static void teardown(void)
     cr_assert_eq(uv_loop_close(&loop), 0, "a uv handle was leaked");
 }
 
-/* One request through the router; returns the status, *out the parsed body. */
-struct call {
-    struct request req;
-    struct response res;
-    char scratch[1024];
-    char path[512];
-    int rc;
-};
-
 static struct call *call_start(const char *method, const char *target, const char *body)
 {
-    struct call *c = calloc(1, sizeof(*c));
-    snprintf(c->path, sizeof(c->path), "%s", target);
-    char *q = strchr(c->path, '?');
-    c->req.query = "";
-    if (q) {
-        *q = '\0';
-        c->req.query = q + 1;
-        c->req.query_len = strlen(q + 1);
-        c->req.has_query = 1;
-    }
-    c->req.method = strcmp(method, "GET") == 0      ? M_GET
-                    : strcmp(method, "PUT") == 0    ? M_PUT
-                    : strcmp(method, "POST") == 0   ? M_POST
-                    : strcmp(method, "DELETE") == 0 ? M_DELETE
-                                                    : M_OTHER;
-    c->req.method_name = method;
-    c->req.path = c->path;
-    c->req.path_len = strlen(c->path);
-    c->req.body = body ? body : "";
-    c->req.body_len = body ? strlen(body) : 0;
-    c->req.content_type = "application/json";
-    c->req.app = &app;
-    c->req.scratch = c->scratch;
-    c->req.scratch_cap = sizeof(c->scratch);
-    c->req.http_major = c->req.http_minor = 1;
-    buf_init(&c->res.body);
-    c->res.status = 200;
-    c->rc = router_dispatch(&c->req, &c->res, NULL);
-    return c;
+    return route_call(&app, method, target, NULL, body);
 }
 
 static cJSON *call_json(struct call *c)
 {
     return c->res.body.len ? cJSON_ParseWithLength(c->res.body.data, c->res.body.len) : NULL;
-}
-
-static void call_free(struct call *c)
-{
-    buf_free(&c->res.body);
-    free(c);
 }
 
 static int req(const char *method, const char *target, const char *body, cJSON **out)
