@@ -6,6 +6,7 @@
  * checks each key's pin count in the index against a reference model:
  * no pin ever outlives its handle.
  */
+#include "small_index.h"
 #include "kvidx/err.h"
 #include "kvidx/index.h"
 #include "kvidx/prefetch_handle.h"
@@ -22,19 +23,7 @@ static kvidx_key_t uni[NK];
 
 static void mk_index(uint64_t l1_cap)
 {
-    kvidx_index_opts_t o;
-    memset(&o, 0, sizeof(o));
-    o.l1_capacity_bytes = l1_cap;
-    o.has_seed = 1;
-    cr_assert_eq(kvidx_index_new(&o, &idx), 0);
-    for (int i = 0; i < NK; i++) {
-        memset(&uni[i], 0, sizeof(uni[i]));
-        uni[i].model = "m";
-        uni[i].model_len = 1;
-        uni[i].salt = "";
-        uni[i].hash_len = 1;
-        uni[i].hash[0] = (uint8_t)i;
-    }
+    cr_assert_eq(small_index_new(l1_cap, &idx, uni, NK), 0);
 }
 
 static int store(kvidx_tier_t tier, int k)

@@ -5,6 +5,7 @@
  * reference of handle lifetimes and task deadlines, and the same kind of
  * workload with the Nth allocation failing for every N.
  */
+#include "small_index.h"
 #include "kvidx/alloc.h"
 #include "kvidx/err.h"
 #include "kvidx/index.h"
@@ -39,19 +40,7 @@ static const kvidx_pft_events_t events = {NULL, on_changed, on_gone, NULL};
 
 static void mk_index(uint64_t l1_cap)
 {
-    kvidx_index_opts_t o;
-    memset(&o, 0, sizeof(o));
-    o.l1_capacity_bytes = l1_cap;
-    o.has_seed = 1;
-    cr_assert_eq(kvidx_index_new(&o, &idx), 0);
-    for (int i = 0; i < NK; i++) {
-        memset(&uni[i], 0, sizeof(uni[i]));
-        uni[i].model = "m";
-        uni[i].model_len = 1;
-        uni[i].salt = "";
-        uni[i].hash_len = 1;
-        uni[i].hash[0] = (uint8_t)i;
-    }
+    cr_assert_eq(small_index_new(l1_cap, &idx, uni, NK), 0);
     gone_calls = changed_calls = 0;
 }
 
