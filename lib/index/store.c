@@ -354,6 +354,9 @@ static void put_rollback(kvidx_index_t *idx, undo_t *u, size_t nu, const counter
 static int put_apply(kvidx_index_t *idx, batch_t *b)
 {
     counters_t saved = idx->c;
+    /* Generations handed to copies the rollback drops were never seen:
+     * they are handed out again, as if the batch had not been tried. */
+    uint64_t gen_next = idx->gen_next;
     ns_t *ns = NULL;
     b->nu = 0;
     for (size_t j = 0; j < b->neff; j++) {
@@ -368,6 +371,7 @@ static int put_apply(kvidx_index_t *idx, batch_t *b)
         int rc = put_apply_new(idx, b, it, &ns, &ref);
         if (rc) {
             put_rollback(idx, b->undo, b->nu, &saved);
+            idx->gen_next = gen_next;
             return rc;
         }
         b->work[b->order[j]].ref = ref;
