@@ -281,7 +281,8 @@ int kvidx_directory_score(const kvidx_directory_t *d, const kvidx_key_t *keys, s
             goto done;
         }
     }
-    uint8_t *l1 = bits, *l2 = bits + n, *any = bits + 2 * n;
+    /* No placement, no scratch: bits is NULL and offsets from it are undefined. */
+    uint8_t *l1 = bits, *l2 = m ? bits + n : NULL, *any = m ? bits + 2 * n : NULL;
     size_t c = 0;
     for (size_t i = 0; i < m;) {
         size_t j = i;
