@@ -8,7 +8,13 @@
  * descriptors, libuv's reserve-fd trick drops the pending connection; we log
  * (at most once a second) and keep serving. When a connection cannot be
  * allocated it is accepted into a spare handle and closed, because libuv
- * stops watching the listener until the pending connection is taken.
+ * stops watching the listener until the pending connection is taken. The
+ * spare is one embedded handle (a failed allocation cannot be answered with
+ * another allocation): while it is closing, a second failed connection is
+ * left pending (libuv then stops polling the listener, so no third one
+ * arrives) and is taken once the spare's close completes. Invariant: while
+ * the listener is open, a pending connection is always either being taken
+ * now or remembered in accept_pending, so accepting never stops for good.
  *
  * Memory: every connection counts its request bodies in the server's one
  * conn_budget, so that together they stay under max_total_body_bytes; the
@@ -41,7 +47,8 @@ struct server {
     uv_tcp_t listener;
     uv_timer_t drain_timer;
     uv_tcp_t spare;
-    int spare_busy;
+    int spare_busy;     /* the spare is open or closing */
+    int accept_pending; /* a connection waits for the spare to be free */
     int listener_open, handles_open;
     struct conn_node conns;    /* circular list sentinel */
     struct conn_budget budget; /* request bodies held by all connections */
@@ -92,11 +99,21 @@ static void conn_gone(void *ctx, struct conn_node *n)
 }
 
 static void on_server_handle_closed(uv_handle_t *h);
+static void on_connection(uv_stream_t *l, int status);
 
 static void on_spare_closed(uv_handle_t *h)
 {
     struct server *s = h->data;
     s->spare_busy = 0;
+    /* The pending connection is offered again (memory may be back); the
+     * spare counts as open until here, so the server cannot be freed in
+     * between. If the listener closed meanwhile, libuv closed the pending
+     * descriptor with it. */
+    if (s->accept_pending) {
+        s->accept_pending = 0;
+        if (s->listener_open)
+            on_connection((uv_stream_t *)&s->listener, 0);
+    }
     on_server_handle_closed(h);
 }
 
@@ -109,27 +126,38 @@ static void warn_accept(struct server *s, const char *what, int err)
     }
 }
 
+/* Takes the pending connection without a struct conn and closes it, or,
+ * when the spare is still closing from the last time, remembers it. */
+static void shed_connection(struct server *s, uv_stream_t *l)
+{
+    warn_accept(s, "out of memory", UV_ENOMEM);
+    if (s->spare_busy) {
+        s->accept_pending = 1;
+        return;
+    }
+    s->spare_busy = 1;
+    s->handles_open++;
+    uv_tcp_init(s->app->loop, &s->spare);
+    s->spare.data = s;
+    /* A failure here has closed the descriptor already; libuv resumes
+     * polling the listener either way once it is taken. */
+    (void)uv_accept(l, (uv_stream_t *)&s->spare);
+    uv_close((uv_handle_t *)&s->spare, on_spare_closed);
+}
+
 static void on_connection(uv_stream_t *l, int status)
 {
     struct server *s = l->data;
     if (status < 0) {
         /* EMFILE/ENFILE: libuv already dropped the connection with its
-         * reserve fd. */
+         * reserve fd, and nothing is pending. */
         warn_accept(s, "cannot take a connection", status);
         return;
     }
     struct conn_host host = {s->rbuf, sizeof(s->rbuf), &s->budget, conn_gone, s};
     struct conn *c = conn_new(s->app, &host);
     if (!c) {
-        if (!s->spare_busy) {
-            s->spare_busy = 1;
-            s->handles_open++;
-            uv_tcp_init(s->app->loop, &s->spare);
-            s->spare.data = s;
-            uv_accept(l, (uv_stream_t *)&s->spare);
-            uv_close((uv_handle_t *)&s->spare, on_spare_closed);
-        }
-        warn_accept(s, "out of memory", UV_ENOMEM);
+        shed_connection(s, l);
         return;
     }
     struct conn_node *n = conn_node(c);
