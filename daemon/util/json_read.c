@@ -2,7 +2,9 @@
  * JSON helpers. cJSON parses bodies (with our own depth limit checked first,
  * since cJSON's nesting limit is fixed at build time); libkvidx validates
  * keys from raw fields so its rules are testable without JSON. Nothing
- * here copies request bytes into an answer.
+ * here copies request bytes into an answer. A parse that failed because an
+ * allocation failed is KVIDX_ENOMEM, never invalid_json: cJSON allocates
+ * through a hook of ours that notes the failure (cJSON itself cannot tell).
  */
 #include "util/json_read.h"
 
@@ -137,6 +139,29 @@ size_t json_depth(const char *s, size_t n, size_t limit)
     return sc.depth;
 }
 
+/* Set when an allocation of cJSON's failed on this thread. */
+static _Thread_local int cjson_alloc_failed;
+
+static void *cjson_malloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p)
+        cjson_alloc_failed = 1;
+    return p;
+}
+
+/* Installed at the first parse, from the loop thread, the only one that
+ * parses JSON. */
+static void cjson_hooks_once(void)
+{
+    static int installed;
+    if (!installed) {
+        cJSON_Hooks hooks = {cjson_malloc, free};
+        cJSON_InitHooks(&hooks);
+        installed = 1;
+    }
+}
+
 /* Records why a text was refused, when the caller asked. */
 #define PROBLEM(err, c, ...)                                                                       \
     do {                                                                                           \
@@ -210,10 +235,16 @@ int json_parse_text(const char *body, size_t body_len, const struct app *app, si
         }
     }
     const char *end = NULL;
+    cjson_hooks_once();
+    cjson_alloc_failed = 0;
     cJSON *j = cJSON_ParseWithLengthOpts(text, body_len, &end, 0);
     if (patched && end)
         end = body + (end - patched);
     free(patched);
+    if (!j && cjson_alloc_failed) {
+        PROBLEM(err, KVIDX_ENOMEM, "out of memory while parsing the body");
+        return KVIDX_ENOMEM;
+    }
     if (!j) {
         size_t off = end && end >= body ? (size_t)(end - body) : 0;
         PROBLEM(err, KVIDX_EJSON, "the body is not valid JSON (error near byte %zu)", off);
