@@ -16,6 +16,13 @@
  * the listener is open, a pending connection is always either being taken
  * now or remembered in accept_pending, so accepting never stops for good.
  *
+ * libuv keeps a table indexed by descriptor number and grows it when a
+ * larger descriptor is first watched; it aborts when that growth cannot
+ * allocate. server_start grows it once, to cover every descriptor the
+ * connections can use (max_connections plus the rejecting ones plus some
+ * headroom, at most the descriptor limit), so that taking a connection under
+ * memory pressure never needs that allocation.
+ *
  * Memory: every connection counts its request bodies in the server's one
  * conn_budget, so that together they stay under max_total_body_bytes; the
  * count is published as the gauge kvidx_http_body_bytes_held.
@@ -32,14 +39,19 @@
 #include "util/metrics.h"
 #include "util/sd_notify.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 enum {
     READ_CHUNK = 64 * 1024,
     MAX_REJECTING = 64,
     BACKLOG = 511,
+    FD_HEADROOM = 256, /* descriptors beyond the connections: journal, sources, logs */
 };
 
 struct server {
@@ -47,6 +59,7 @@ struct server {
     uv_tcp_t listener;
     uv_timer_t drain_timer;
     uv_tcp_t spare;
+    uv_poll_t reserve;  /* watches a high descriptor once, to grow libuv's table */
     int spare_busy;     /* the spare is open or closing */
     int accept_pending; /* a connection waits for the spare to be free */
     int listener_open, handles_open;
@@ -252,6 +265,41 @@ static void format_addr(const struct sockaddr_storage *ss, char *out, size_t cap
     snprintf(out, cap, "%s:%d", ip, port);
 }
 
+static void on_reserve(uv_poll_t *p, int status, int events)
+{
+    (void)p;
+    (void)status;
+    (void)events;
+}
+
+/* Grows libuv's descriptor table now (see the top of the file): watching a
+ * descriptor numbered n-1 sizes it for n; the handle is closed at once and
+ * the table keeps its size. Best effort: on any failure the table grows
+ * on demand as before. */
+static void reserve_watchers(struct server *s)
+{
+    uint64_t want = (uint64_t)s->app->cfg.max_connections + MAX_REJECTING + FD_HEADROOM;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want)
+        want = rl.rlim_cur;
+    if (want > 1u << 20)
+        want = 1u << 20;
+    int sock = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        return;
+    int high = fcntl(sock, F_DUPFD_CLOEXEC, (int)want - 1);
+    close(sock);
+    if (high < 0)
+        return;
+    if (uv_poll_init_socket(s->app->loop, &s->reserve, high) == 0) {
+        s->reserve.data = s;
+        s->handles_open++;
+        uv_poll_start(&s->reserve, UV_READABLE, on_reserve);
+        uv_close((uv_handle_t *)&s->reserve, on_server_handle_closed);
+    }
+    close(high);
+}
+
 int server_start(struct app *app, struct server **out, char *bound, size_t cap)
 {
     struct server *s = calloc(1, sizeof(*s));
@@ -294,6 +342,7 @@ int server_start(struct app *app, struct server **out, char *bound, size_t cap)
         server_close(s);
         return KVIDX_EINVAL;
     }
+    reserve_watchers(s);
     struct sockaddr_storage ss;
     int len = sizeof(ss);
     memset(&ss, 0, sizeof(ss));
