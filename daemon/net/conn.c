@@ -237,19 +237,33 @@ static const char *reason(int status)
     }
 }
 
+/* The answer when not even the out-of-memory problem fits in the body: a
+ * constant, so the client still gets a complete problem+json 503 (the same
+ * document res_problem writes for KVIDX_ENOMEM). */
+static const char NOMEM_PROBLEM[] =
+    "{\"type\":\"https://kvidx.dev/problems/internal\",\"title\":\"Out of memory\","
+    "\"status\":503,\"detail\":\"Out of memory while building the answer.\","
+    "\"code\":\"internal\"}";
+
 static void serialize(struct conn *c, struct pending *p, int close)
 {
     struct response *res = &p->res;
     struct buf *o = &c->out;
     if (res->body.failed)
         res_problem(res, KVIDX_ENOMEM, "Out of memory while building the answer.", NULL, 0);
+    const char *body = res->body.data;
+    size_t body_len = res->body.len;
+    if (res->body.failed) {
+        body = NOMEM_PROBLEM;
+        body_len = sizeof(NOMEM_PROBLEM) - 1;
+    }
     int no_body = res->status == 204 || res->status == 304 || res->status < 200;
     buf_printf(o, "HTTP/1.1 %d %s\r\n", res->status, reason(res->status));
     if (!no_body) {
         buf_puts(o, "Content-Type: ");
         buf_puts(o, res->content_type ? res->content_type : "application/json");
         buf_puts(o, "\r\nContent-Length: ");
-        buf_put_u64(o, res->body.failed ? 0 : res->body.len);
+        buf_put_u64(o, body_len);
         buf_puts(o, "\r\n");
     }
     buf_append(o, res->extra_headers, res->extra_len);
@@ -258,8 +272,8 @@ static void serialize(struct conn *c, struct pending *p, int close)
     else if (p->http10)
         buf_puts(o, "Connection: keep-alive\r\n");
     buf_puts(o, "\r\n");
-    if (!no_body && !p->head_only && !res->body.failed)
-        buf_append(o, res->body.data, res->body.len);
+    if (!no_body && !p->head_only)
+        buf_append(o, body, body_len);
 
     double secs = p->req.start_ns ? (double)(uv_hrtime() - p->req.start_ns) / 1e9 : 0.0;
     if (c->app->metrics)
