@@ -520,6 +520,15 @@ static int finish_batch(kvidx_dir_replay_t *rp, kvidx_directory_t *d)
         rp->batches++;
         if (v != rp->verdict)
             rp->mismatches++;
+    } else if (rc == KVIDX_ENOMEM) {
+        /* Back to offsets, so that the caller can replay the last blob again. */
+        b->instance_id = (const char *)(uintptr_t)(b->instance_id - base);
+        b->backend = (const char *)(uintptr_t)(b->backend - base);
+        for (uint64_t i = 0; i < rp->have; i++) {
+            kvidx_dir_entry_t *e = &rp->entries[i];
+            e->key.model = (const char *)(uintptr_t)(e->key.model - base);
+            e->key.salt = (const char *)(uintptr_t)(e->key.salt - base);
+        }
     }
     return rc;
 }
@@ -621,16 +630,27 @@ int kvidx_dir_replay_blob(kvidx_dir_replay_t *rp, kvidx_directory_t *d, const ui
     int kind = (int)r_uint(&r, 1);
     if (r.bad)
         return KVIDX_EINVAL;
+    /* Out of memory in a batch's blob leaves the gathering as it was
+     * before the blob (the directory is unchanged too), so that the blob
+     * can be replayed again. */
+    uint64_t total = rp->total, have = rp->have;
+    size_t tokens_len = rp->tokens_len, strings_len = rp->strings_len;
     if (kind == B_MORE) {
         if (!rp->open)
             return KVIDX_EINVAL;
         uint32_t count = (uint32_t)r_uint(&r, 4);
         int rc = gather(rp, &r, count);
-        if (rc)
-            return rc;
-        if (r.off != r.len)
+        if (rc == 0 && r.off != r.len)
             return KVIDX_EINVAL;
-        return rp->have == rp->total ? finish_batch(rp, d) : 0;
+        if (rc == 0 && rp->have == rp->total)
+            rc = finish_batch(rp, d);
+        if (rc == KVIDX_ENOMEM) {
+            rp->have = have;
+            rp->tokens_len = tokens_len;
+            rp->strings_len = strings_len;
+            rp->open = 1;
+        }
+        return rc;
     }
     /* A batch whose blobs stop before its last entry is one the journal
      * could not take whole (out of memory opened a gap there): it was
@@ -639,8 +659,18 @@ int kvidx_dir_replay_blob(kvidx_dir_replay_t *rp, kvidx_directory_t *d, const ui
         rp->open = 0;
         rp->dropped++;
     }
-    if (kind == B_BATCH)
-        return replay_batch(rp, d, &r);
+    if (kind == B_BATCH) {
+        int rc = replay_batch(rp, d, &r);
+        if (rc == KVIDX_ENOMEM) {
+            /* A batch that was open before is dropped all the same. */
+            rp->total = total;
+            rp->have = have;
+            rp->tokens_len = tokens_len;
+            rp->strings_len = strings_len;
+            rp->open = 0;
+        }
+        return rc;
+    }
     kvidx_dir_record_t rec;
     memset(&rec, 0, sizeof(rec));
     kvidx_dir_placement_t *pl = NULL;

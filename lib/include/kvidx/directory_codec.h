@@ -68,8 +68,9 @@ void kvidx_dir_replay_free(kvidx_dir_replay_t *rp);
 /* Applies one blob. A batch still gathering when another kind of blob
  * comes is dropped and counted (the journal lost its end). Returns 0;
  * KVIDX_EINVAL (malformed, or the directory refused a record);
- * KVIDX_ENOMEM; KVIDX_ECONFLICT (a state record that conflicts with the
- * state). */
+ * KVIDX_ENOMEM (the directory unchanged, and a batch's gathering as before
+ * the blob: the blob can be replayed again); KVIDX_ECONFLICT (a state
+ * record that conflicts with the state). */
 int kvidx_dir_replay_blob(kvidx_dir_replay_t *rp, kvidx_directory_t *d, const uint8_t *blob,
                           size_t len);
 /* 1 when a batch's blobs stopped before its last entry (a torn tail: the
