@@ -156,11 +156,9 @@ static int api_register(const struct request *req, struct response *res)
     jw_obj_end(&w);
     buf_free(&meta);
     cJSON_Delete(root);
-    if (res->body.failed) {
-        buf_reset(&res->body);
-        res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
-        return 0;
-    }
+    /* The registration is made: a body that could not be built closes the
+     * connection (net/conn.c) rather than answer 503, which would say it
+     * was not. */
     res_json(res, 200);
     return persist_ack(req, res);
 invalid:

@@ -126,11 +126,8 @@ static void answer_handle(struct prefetches *pf, kvidx_pft_handle_t *h, struct r
     struct jw w;
     jw_init(&w, &res->body);
     jw_handle(&w, pf, h);
-    if (res->body.failed) {
-        buf_reset(&res->body);
-        res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
-        return;
-    }
+    /* A body that could not be built is left to the connection: a read
+     * answers 503, a create or release (already done) closes instead. */
     res_json(res, status);
 }
 

@@ -283,6 +283,18 @@ static void serialize(struct conn *c, struct pending *p, int close)
               res->body.len, secs * 1e3);
 }
 
+/* 1 when a request that may have changed state succeeded but its answer
+ * could not be built. A 503 would tell the client that nothing happened,
+ * so the connection is closed after the earlier answers instead: the
+ * client learns that the outcome is unknown, which is the truth. A GET or
+ * HEAD changes nothing and answers 503. */
+static int answer_lost(const struct pending *p)
+{
+    const struct response *res = &p->res;
+    return res->body.failed && res->status >= 200 && res->status < 300 && p->req.method != M_GET &&
+           p->req.method != M_HEAD;
+}
+
 /* Moves every finished answer at the head of the queue into `out`. */
 static void serialize_ready(struct conn *c)
 {
@@ -292,6 +304,13 @@ static void serialize_ready(struct conn *c)
         if (!c->qhead)
             c->qtail = NULL;
         c->qlen--;
+        if (answer_lost(p)) {
+            conn_pending_free(p);
+            c->stop_parsing = 1;
+            c->close_after = 1;
+            discard_all(c);
+            break;
+        }
         int close = p->res.close || !p->keep_alive || (c->stop_parsing && !c->qhead);
         serialize(c, p, close);
         conn_pending_free(p);
