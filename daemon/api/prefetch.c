@@ -104,8 +104,11 @@ static void jw_handle(struct jw *w, struct prefetches *pf, kvidx_pft_handle_t *h
     jw_str(w, policy_names[p->policy]);
     jw_key(w, "extra_count");
     jw_u64(w, p->extra);
-    if (p->status != KVIDX_PFH_PENDING && p->has_result) {
-        kvidx_pft_refresh(prefetches_table(pf), h);
+    if (p->status != KVIDX_PFH_PENDING) {
+        /* Without a result (memory ran out at completion, so the handle
+         * kept nothing) the members are there, empty. */
+        if (p->has_result)
+            kvidx_pft_refresh(prefetches_table(pf), h);
         jw_result(w, h);
     }
     jw_key(w, "expires_at_ms");
