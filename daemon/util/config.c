@@ -666,6 +666,8 @@ static void format_redacted(const char *v, char *out, size_t cap)
             if (hide_from && p == hide_from) {
                 for (const char *r = "***"; *r && o + 1 < cap; r++)
                     out[o++] = *r;
+                /* An empty password starts at the '@' the loop goes on at. */
+                hide_from = NULL;
                 p = at - 1;
                 continue;
             }
