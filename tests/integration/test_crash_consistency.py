@@ -96,6 +96,7 @@ DIR_UNIVERSE = 120
 TOK_MODEL = "crashtok"
 TOK_BASE = 1 << 32
 TOK_UNIVERSE = 40
+TOK_STREAM = "mp-a"         # the one stream that names the TOK_MODEL keys
 API_LIVE_MAX = 400          # a key writer deletes more once it holds this many
 LOAD_MAX_S = 0.300
 ROUNDS = 50                 # in the ASan build too: see the docstring
@@ -278,17 +279,18 @@ class KeyWriter:
 
 
 class Stream:
-    """One emitter and the reference of its cursor."""
+    """One emitter (replaced by one with the next incarnation when the
+    server it stands for restarts) and the reference of its cursor."""
 
     def __init__(self, name, incarnation):
         self.name = name
         self.e = Emitter("127.0.0.1", 0, name, incarnation=incarnation)
+        self.inc = None           # the cursor's incarnation (None: no cursor)
         self.acked_seq = 0
         self.applied = 0
         self.duplicates = 0
         self.stale = 0
-        self.gap = False          # the daemon must show a gap
-        self.gap_pending = False  # seqs skipped, no later batch applied yet
+        self.gap = False
         self.unsent = False       # the request in flight never reached the daemon
         self.last_acked = None    # the last acknowledged request body
         self.inflight = None      # ("events", body) or ("stale", body)
@@ -308,8 +310,8 @@ class EventWriter:
     def step(self, d, rng, rnd):
         s = rng.choice(self.streams)
         s.e.host, s.e.port = d.addr
-        if s.acked_seq and rng.random() < 0.05:
-            body = {"batches": [{"instance_id": s.name, "incarnation": s.e.incarnation - 1,
+        if s.inc is not None and rng.random() < 0.05:
+            body = {"batches": [{"instance_id": s.name, "incarnation": s.inc - 1,
                                  "seq": 1, "event_type": "store", "tier": "l1",
                                  "backend": "dram", "shared": False, "ts": time.time(),
                                  "entries": [{"key": key(DIR_MODEL, 1), "size_bytes": 1}]}]}
@@ -324,6 +326,11 @@ class EventWriter:
             s.stale += 1
             self.t.stats.add("ack_events_stale")
             return
+        if s is not self.skipper and rng.random() < 0.03:
+            # The server behind the stream restarts: a new incarnation, seqs
+            # from 1; its first batch fences its L1 placements.
+            s.e = Emitter(d.addr[0], d.addr[1], s.name, incarnation=s.e.incarnation + 1)
+            self.t.stats.add("emitter_restarts")
         for _ in range(rng.randint(1, 12)):
             i = rng.randrange(DIR_UNIVERSE)
             k = key(DIR_MODEL, i, rank=i % 2)
@@ -332,7 +339,7 @@ class EventWriter:
                 s.e.store(tier, backend, k, rng.randint(1, 1 << 24))
             else:
                 s.e.delete(tier, backend, k)
-        if s is self.streams[0] and rng.random() < 0.3:
+        if s.name == TOK_STREAM and rng.random() < 0.3:
             # Keys only this stream names: shared placements (a fleet-wide
             # identity) and token bindings, whose outcome depends on the
             # order of the batches, which only one stream can give.
@@ -348,7 +355,6 @@ class EventWriter:
         if (s is self.skipper and not self.skipped and rnd >= self.skip_round):
             self.skipped = True
             lost = s.e.skip_flush()
-            s.gap_pending = True
             self.t.stats.add("batches_skipped_on_purpose", len(lost))
             self.t.log_line("round %d: %s skipped seq %d..%d on purpose"
                             % (rnd, s.name, lost[0]["seq"], lost[-1]["seq"]))
@@ -365,12 +371,8 @@ class EventWriter:
         n = len(body["batches"])
         self.t.assertEqual((st, ans), (200, {"applied": n, "duplicates": 0, "stale": 0}))
         s.inflight = None
-        self.t.dir_apply(body["batches"])
-        s.applied += n
-        s.acked_seq = body["batches"][-1]["seq"]
+        self.t.admit(s, body["batches"])
         s.last_acked = body
-        if s.gap_pending:
-            s.gap, s.gap_pending = True, False
         self.t.stats.add("ack_events_requests")
         self.t.stats.add("ack_events_batches", n)
 
@@ -506,6 +508,47 @@ class CrashConsistency(unittest.TestCase):
         print("test_crash_consistency: " + s, file=sys.stderr)
 
     # -- the directory reference ------------------------------------------
+    def admit(self, s, batches):
+        """The gate on the reference: batches of s admitted, in order."""
+        for b in batches:
+            if s.inc is None or b["incarnation"] > s.inc:
+                if s.inc is not None:
+                    self.fence(s.name)
+                s.inc, s.acked_seq = b["incarnation"], 0
+                s.applied = s.duplicates = s.stale = 0
+                s.gap = False
+            self.assertEqual(b["incarnation"], s.inc)
+            self.assertGreater(b["seq"], s.acked_seq)
+            if b["seq"] > s.acked_seq + 1:
+                s.gap = True
+            s.acked_seq = b["seq"]
+            s.applied += 1
+            self.dir_apply([b])
+
+    def check_cursor(self, rnd, s, c, when):
+        """The daemon's cursor c of stream s equals the reference: no
+        spurious gap, nothing counted twice."""
+        if s.inc is None:
+            self.assertIsNone(c, "round %d: %s has a cursor %s: %s" % (rnd, s.name, when, c))
+            return
+        self.assertIsNotNone(c, "round %d: the cursor of %s is gone %s" % (rnd, s.name, when))
+        got = (c["incarnation"], c["last_seq"], c["gap_detected"], c["applied"],
+               c["duplicates"], c["stale"])
+        want = (s.inc, s.acked_seq, s.gap, s.applied, s.duplicates, s.stale)
+        self.assertEqual(got, want, "round %d: %s's cursor %s (incarnation, last_seq, gap, "
+                         "applied, duplicates, stale)" % (rnd, s.name, when))
+
+    def fence(self, inst):
+        """A new incarnation of inst: the L1 placements it reported go."""
+        with self.dir_lock:
+            for c in list(self.dir_ref):
+                pl = self.dir_ref[c]
+                for ident in [i for i, (_, rep) in pl.items() if i[1] == "l1" and rep == inst]:
+                    del pl[ident]
+                if not pl:
+                    del self.dir_ref[c]
+                    self.dir_tokens.pop(c, None)
+
     def dir_apply(self, batches):
         """Applies admitted batches to the reference: placements by identity
         ((instance, tier, backend), or (tier, backend) fleet-wide when
@@ -542,7 +585,7 @@ class CrashConsistency(unittest.TestCase):
                 self.assertNotIn(ident, pl, "placement doubled on %s: %s" % (c, row))
                 pl[ident] = (p["size_bytes"], p["instance_id"])
             self.assertEqual(row["num_tokens"], self.dir_tokens.get(c, 0),
-                             "tokens bound to %s" % c)
+                             "tokens bound to %s (%s)" % (c, row))
             out[c] = pl
         self.assertEqual(ans["total"], len(out))
         return out
@@ -620,11 +663,24 @@ class CrashConsistency(unittest.TestCase):
         """Appends the start of a record that was never written whole (a
         length, a checksum and part of the payload) to the newest journal,
         as a write cut short by the crash leaves it."""
-        js = sorted(n for n in os.listdir(self.data_dir) if n.endswith(".kvj"))
+        # Only a journal the snapshot does not cover is replayed (the
+        # snapshot may already cover the newest: its child can finish
+        # before the writer has created the journal it rotates to).
+        covered = 0
+        try:
+            with open(os.path.join(self.data_dir, "snapshot.kvs"), "rb") as f:
+                covered = struct.unpack("<Q", f.read(24)[16:24])[0]
+        except (OSError, struct.error):
+            pass
+        js = sorted(n for n in os.listdir(self.data_dir)
+                    if re.match(r"^journal-[0-9a-f]{16}\.kvj$", n) and int(n[8:24], 16) >= covered)
+        if not js:
+            return False
         with open(os.path.join(self.data_dir, js[-1]), "ab") as f:
             f.write(struct.pack("<II", 82, rng.getrandbits(32)) +
                     bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 40))))
         self.stats.add("torn_tails_made")
+        return True
 
     def listing(self):
         """{canon: size} of a full /v1/keys listing, no key twice."""
@@ -676,31 +732,24 @@ class CrashConsistency(unittest.TestCase):
             c = cursors.get(s.name)
             pending = s.inflight
             unsent, s.inflight, s.unsent = s.unsent, None, False
-            if s.applied or s.stale or (pending and pending[0] == "stale"):
-                self.assertIsNotNone(c, "round %d: the cursor of %s is gone" % (rnd, s.name))
-            durable = 0
+            cur = (c["incarnation"], c["last_seq"]) if c else None
+            ref = (s.inc, s.acked_seq) if s.inc is not None else None
             if pending and pending[0] == "events":
                 body = pending[1]
-                seqs = [b["seq"] for b in body["batches"]]
-                last = c["last_seq"] if c else 0
-                self.assertIn(last, [s.acked_seq] + seqs,
-                              "round %d: %s resumes at seq %d: neither the last acknowledged "
-                              "(%d) nor one in flight (%s)" % (rnd, s.name, last, s.acked_seq,
-                                                                seqs))
-                durable = sum(1 for q in seqs if q <= last)
+                pos = [(b["incarnation"], b["seq"]) for b in body["batches"]]
+                self.assertIn(cur, [ref] + pos,
+                              "round %d: %s resumes at (incarnation, seq) %s: neither the last "
+                              "acknowledged %s nor one in flight %s" % (rnd, s.name, cur, ref,
+                                                                       pos))
+                durable = sum(1 for q in pos if cur is not None and q <= cur)
                 if unsent:
                     self.assertEqual(durable, 0, "a request never sent was applied")
                 else:
                     self.stats.add("inflight_events_applied" if durable
                                    else "inflight_events_not_applied")
-                if 0 < durable < len(seqs):
+                if 0 < durable < len(pos):
                     self.stats.add("inflight_events_partly_applied")
-                self.dir_apply(body["batches"][:durable])
-                s.applied += durable
-                if durable:
-                    s.acked_seq = seqs[durable - 1]
-                    if s.gap_pending:
-                        s.gap, s.gap_pending = True, False
+                self.admit(s, body["batches"][:durable])
                 replays.append((s, body, durable))
             elif pending:  # a stale batch in flight: counted or not
                 stale_durable = c["stale"] - s.stale
@@ -708,18 +757,7 @@ class CrashConsistency(unittest.TestCase):
                 self.stats.add("inflight_events_applied" if stale_durable
                                else "inflight_events_not_applied")
                 s.stale += stale_durable
-            if c is not None:
-                self.assertEqual((c["last_seq"], c["gap_detected"], c["incarnation"]),
-                                 (s.acked_seq, s.gap, s.e.incarnation),
-                                 "round %d: %s resumes at (last_seq, gap, incarnation) %s, "
-                                 "the reference says %s"
-                                 % (rnd, s.name, (c["last_seq"], c["gap_detected"],
-                                                  c["incarnation"]),
-                                    (s.acked_seq, s.gap, s.e.incarnation)))
-                self.assertEqual((c["applied"], c["duplicates"], c["stale"]),
-                                 (s.applied, s.duplicates, s.stale),
-                                 "round %d: %s counters" % (rnd, s.name))
-            self.stats.add("checked_cursors")
+            self.check_cursor(rnd, s, c, "after the restart")
         # Every batch the cursors say is durable is applied whole, the others
         # not at all.
         self.check_dir(rnd, "before the replays")
@@ -732,13 +770,9 @@ class CrashConsistency(unittest.TestCase):
                                                 "stale": 0}),
                              "round %d: %s replay of the request in flight" % (rnd, s.name))
             self.stats.add("replay_duplicates", durable)
-            self.dir_apply(body["batches"][durable:])
-            s.applied += n - durable
             s.duplicates += durable
-            s.acked_seq = body["batches"][-1]["seq"]
+            self.admit(s, body["batches"][durable:])
             s.last_acked = body
-            if s.gap_pending and n > durable:
-                s.gap, s.gap_pending = True, False
         for s in self.streams:
             if s.last_acked is not None:
                 body = s.last_acked
@@ -755,12 +789,10 @@ class CrashConsistency(unittest.TestCase):
         self.assertEqual(dstats["num_placements"], sum(len(p) for p in want_dir.values()))
         self.stats.add("checked_dir_keys", len(want_dir))
         st, ans = post_json(d.addr[0], d.addr[1], "GET", "/directory/streams", None)
-        for c in ans["streams"]:
-            s = self.stream_by_name[c["instance_id"]]
-            self.assertEqual((c["last_seq"], c["applied"], c["duplicates"], c["stale"],
-                              c["gap_detected"], c["incarnation"]),
-                             (s.acked_seq, s.applied, s.duplicates, s.stale, s.gap,
-                              s.e.incarnation), c)
+        cursors = {c["instance_id"]: c for c in ans["streams"]}
+        for s in self.streams:
+            self.check_cursor(rnd, s, cursors.get(s.name), "after the replays")
+            self.stats.add("checked_cursors")
 
         # Registrations.
         st, ans = post_json(d.addr[0], d.addr[1], "GET", "/instances", None)
@@ -910,9 +942,7 @@ class CrashConsistency(unittest.TestCase):
             if rnd == rounds:
                 break
             delays.append(self.load(rnd, rng))
-            torn_made = rng.random() < 0.1
-            if torn_made:
-                self.tear_tail(rng)
+            torn_made = rng.random() < 0.1 and self.tear_tail(rng)
             # The stores change while the daemon is down, too.
             for _ in range(rng.randint(0, 5)):
                 self.fs.step(rng)
@@ -940,10 +970,11 @@ class CrashConsistency(unittest.TestCase):
                          c("inflight_instances_applied"), c("inflight_instances_not_applied")))
         self.log_line("duplicates on replay %d; torn tails %d (%d of them made by the test; "
                       "fleet batches dropped with them %d); batches skipped on purpose %d; "
-                      "snapshots started %d, written %d"
+                      "snapshots started %d, written %d; emitter restarts (new incarnations) %d"
                       % (c("replay_duplicates"), c("torn_tails"), c("torn_tails_made"),
                          c("torn_fleet_batches_dropped"), c("batches_skipped_on_purpose"),
-                         c("snapshots_started"), c("snapshots_written")))
+                         c("snapshots_started"), c("snapshots_written"),
+                         c("emitter_restarts")))
         self.assertGreater(c("ack_put_batch") + c("ack_put_single"), 0)
         self.assertGreater(c("ack_events_requests"), 0)
 
