@@ -317,7 +317,7 @@ class TestRequestsUnderFaults(AllocFaultsBase):
         errors_5xx = sum(int(v) for v in re.findall(
             r'^kvidx_http_requests_total\{[^}]*code_class="5xx"\} (\d+)$', m, re.M))
         self.stop_clean()
-        print("\nalloc faults (every %dth allocation while armed): %d requests, "
+        print("\nalloc faults (1 allocation in %d failing while armed): %d requests, "
               "%d allocations seen, %d failed; answers %s; 5xx in /metrics %d; "
               "%d w keys (%d undecided), %d fleet keys (%d acked, %d refused of which %d applied, "
               "%d undecided); "
@@ -338,6 +338,12 @@ class TestRequestsUnderRareFaults(TestRequestsUnderFaults):
     """Every 127th allocation fails: most requests succeed, so the state
     check sees many acknowledged writes."""
     EVERY = 127
+
+
+class TestRequestsUnderRarerFaults(TestRequestsUnderFaults):
+    """Every 251st allocation fails: failures meet rarer paths (a prefetch
+    handle completing without memory, for one)."""
+    EVERY = 251
 
 
 class TestListenerUnderFaults(AllocFaultsBase):
