@@ -528,23 +528,21 @@ static int handle_new(kvidx_pft_t *t, const kvidx_pft_submit_t *s, kvidx_pft_han
  * becomes permanent, or that reader's last unpin would drop what WARM
  * reports resident. While WARM's own reservations evict, each hit holds a
  * pin of its own (a temporary unpinned copy is left alone: its last unpin
- * would drop it); the guard is a best effort without memory. Returns the
- * guard to give to warm_unguard, or NULL. */
-static uint8_t *warm_guard(kvidx_pft_t *t, kvidx_pft_handle_t *h)
+ * would drop it), recorded in guard (n_l1_hits zeroed bytes, taken by the
+ * caller before anything changed; NULL when WARM has no hit or no load). */
+static void warm_guard(kvidx_pft_t *t, kvidx_pft_handle_t *h, uint8_t *guard)
 {
     const kvidx_prefetch_plan_t *plan = &h->pfh.plan;
     if (h->pfh.mode != KVIDX_PF_WARM)
-        return NULL;
+        return;
     for (size_t j = 0; j < plan->n_l1_hits; j++)
         kvidx_index_set_temporary(t->idx, h->pfh.keys[plan->l1_hits[j]].ref, 0);
-    uint8_t *guard = plan->n_l1_hits && plan->n_l2_orig ? kvidx_calloc(plan->n_l1_hits, 1) : NULL;
     for (size_t j = 0; guard && j < plan->n_l1_hits; j++) {
         const kvidx_pfh_key_t *k = &h->pfh.keys[plan->l1_hits[j]];
         kvidx_entry_info_t info;
         if (kvidx_index_info(t->idx, k->ref, &info) == 0 && !(info.temporary && info.pins == 0))
             guard[j] = kvidx_index_pin(t->idx, k->ref, k->gen, 1) == 0;
     }
-    return guard;
 }
 
 static void warm_unguard(kvidx_pft_t *t, kvidx_pft_handle_t *h, uint8_t *guard)
@@ -567,6 +565,13 @@ int kvidx_pft_submit(kvidx_pft_t *t, const kvidx_pft_submit_t *s, uint64_t now,
     int rc = handle_new(t, s, &h);
     if (rc != 0)
         return rc;
+    const kvidx_prefetch_plan_t *plan = &h->pfh.plan;
+    uint8_t *guard = NULL;
+    if (h->pfh.mode == KVIDX_PF_WARM && plan->n_l1_hits && plan->n_l2_orig &&
+        !(guard = kvidx_calloc(plan->n_l1_hits, 1))) {
+        handle_free(t, h);
+        return KVIDX_ENOMEM;
+    }
     h->id = ++t->last_id;
     h->link_.key = h->id;
     map_put(&t->handles, &h->link_);
@@ -574,9 +579,8 @@ int kvidx_pft_submit(kvidx_pft_t *t, const kvidx_pft_submit_t *s, uint64_t now,
     heap_add(t, &h->timer_, h->expires_at);
     count(t, KVIDX_PFT_PREFETCHES, 1);
 
-    const kvidx_prefetch_plan_t *plan = &h->pfh.plan;
     int temporary = s->temporary && h->pfh.mode == KVIDX_PF_LOOKUP;
-    uint8_t *guard = warm_guard(t, h);
+    warm_guard(t, h, guard);
     /* No load can finish before this returns: h cannot complete in between. */
     kvidx_pft_task_t *task = NULL;
     for (size_t j = 0; j < plan->n_l2_orig; j++)
