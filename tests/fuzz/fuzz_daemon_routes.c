@@ -3,8 +3,11 @@
  * and the real handlers of every route, the fleet's included, with the
  * data subsystems created fresh for every input. The input is a program
  * of requests after one byte of settings (bit 0: loader = external, bit 1:
- * prefetch_retention = retain), each [route byte][2-byte little-endian
- * length][payload]: the route byte picks a row of the table below; for a
+ * prefetch_retention = retain, bit 2: bearer tokens on, from a fixed
+ * tokens file), each [route byte][2-byte little-endian length][payload]:
+ * the route byte's low five bits pick a row of the table below and its
+ * top three the Authorization value (none, a token of each role, two
+ * bound to the salt "alice", a quota among them, an unknown one); for a
  * route with a '*' the payload's first line is the path parameter (a
  * leading "$" stands for the "id" or "task" of the last successful answer,
  * so that a handle or task made by one request can be named by the next:
@@ -40,6 +43,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -150,9 +155,25 @@ static void invariants(void)
     check(kvidx_directory_check(app.fleet->dir) == 0);
 }
 
+static const char *const auths[8] = {
+    NULL,
+    "Bearer tok-admin",
+    "Bearer tok-write",
+    "Bearer tok-read",
+    "Bearer tok-alice-read",
+    "Bearer tok-alice-write",
+    "Bearer tok-unknown",
+    "Basic dG9rLWFkbWlu",
+};
+static const char tokens_file[] = "tok-admin admin\n"
+                                  "tok-write write\n"
+                                  "tok-read read\n"
+                                  "tok-alice-read read salt=alice\n"
+                                  "tok-alice-write write salt=alice quota_bytes=8KiB\n";
+
 static void one_request(unsigned sel, const uint8_t *p, size_t n)
 {
-    unsigned r = sel % NROUTES;
+    unsigned r = (sel & 0x1f) % NROUTES;
     static char path[PATH_MAX_BYTES + 64], query[PATH_MAX_BYTES], scratch[PATH_MAX_BYTES + 64];
     size_t plen = 0, qlen = 0;
     plen = strlen(routes[r].pre);
@@ -203,6 +224,7 @@ static void one_request(unsigned sel, const uint8_t *p, size_t n)
     req.body = n ? body : "";
     req.body_len = n;
     req.content_type = "application/json";
+    req.authorization = auths[sel >> 5];
     req.app = &app;
     req.scratch = scratch;
     req.scratch_cap = sizeof(scratch);
@@ -218,7 +240,8 @@ static void one_request(unsigned sel, const uint8_t *p, size_t n)
         uv_run(&loop, UV_RUN_NOWAIT);
     }
     if (getenv("KVIDX_FUZZ_TRACE"))
-        fprintf(stderr, "%s %s?%s -> %d %.*s\n", routes[r].pre, path, query, res.status,
+        fprintf(stderr, "%s %s?%s [%s] -> %d %.*s\n", routes[r].pre, path, query,
+                req.authorization ? req.authorization : "-", res.status,
                 (int)(res.body.len < 300 ? res.body.len : 300), res.body.data ? res.body.data : "");
     check(res.status >= 100 && res.status <= 599);
     check(!res.body.failed || res.status == 503);
@@ -238,7 +261,12 @@ static void one_request(unsigned sel, const uint8_t *p, size_t n)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    static char tokens_path[64];
     if (!app.metrics) {
+        int fd = memfd_create("kvidx-fuzz-tokens", 0);
+        check(fd >= 0 && write(fd, tokens_file, sizeof(tokens_file) - 1) ==
+                             (ssize_t)(sizeof(tokens_file) - 1));
+        snprintf(tokens_path, sizeof(tokens_path), "/proc/self/fd/%d", fd);
         config_defaults(&app.cfg);
         log_setup(getenv("KVIDX_FUZZ_TRACE") ? LOG_DEBUG : LOG_ERROR, LOG_TEXT);
         app.cfg.max_keys_per_request = 64;
@@ -251,6 +279,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     app.cfg.loader = data[0] & 1 ? LOADER_EXTERNAL : LOADER_CATALOG;
     app.cfg.prefetch_retention = data[0] & 2 ? RETENTION_RETAIN : RETENTION_TEMPORARY;
+    snprintf(app.cfg.auth_tokens_file, sizeof(app.cfg.auth_tokens_file), "%s",
+             data[0] & 4 ? tokens_path : "");
     if (subsystems_init(&app) != 0)
         return 0;
     last_id[0] = '\0';
