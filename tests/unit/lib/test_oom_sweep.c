@@ -74,6 +74,8 @@ typedef struct sweep {
 
 #define MAX_STEPS 128
 
+static int sweep_reference; /* 1 during the run that never fails */
+
 static long saved_count, saved_fail;
 
 /* Fingerprints and checks may allocate (a dump's scratch); those
@@ -127,6 +129,7 @@ static long run_sweep(const sweep_t *m)
     failing.fail_at = 0;
     failing.live = 0;
     int verbose = getenv("OOM_SWEEP_VERBOSE") != NULL;
+    sweep_reference = 1;
     for (int i = 0; i < m->nsteps; i++) {
         pre[i] = paused_fp(m);
         long c0 = failing.count;
@@ -138,6 +141,7 @@ static long run_sweep(const sweep_t *m)
         cr_assert_eq(paused_check(m), 0, "%s: reference step %d", m->name, i);
         post[i] = paused_fp(m);
     }
+    sweep_reference = 0;
     long total = failing.count;
     m->teardown();
     cr_assert_eq(failing.live, 0, "%s: the reference run leaks %ld blocks", m->name, failing.live);
@@ -172,6 +176,8 @@ static long run_sweep(const sweep_t *m)
                               "%s n=%ld: step %d succeeded with another state", m->name, n, i);
                     diverged = 1;
                     degraded++;
+                    if (verbose)
+                        fprintf(stderr, "%s n=%ld: step %d degraded\n", m->name, n, i);
                 } else {
                     absorbed++;
                 }
@@ -185,6 +191,8 @@ static long run_sweep(const sweep_t *m)
                 cr_assert_neq(p, PARTIAL_REFUSED, "%s n=%ld: failed step %d changed the state",
                               m->name, n, i);
                 partial++;
+                if (verbose)
+                    fprintf(stderr, "%s n=%ld: step %d partial\n", m->name, n, i);
                 if (p == PARTIAL_DIVERGED) {
                     diverged = 1;
                     resume_failing();
@@ -255,7 +263,10 @@ static struct {
     kvidx_index_t *idx;
     kvidx_key_t u[IX_N];
     unsigned s0, s1;
-    uint64_t gen[2];
+    uint64_t gen[3];
+    /* A second index whose L1 table is full when a load reserves a copy. */
+    kvidx_index_t *small;
+    kvidx_key_t su[64];
     uint64_t out; /* what reads and deletes answered */
 } IX;
 
@@ -297,18 +308,22 @@ static uint64_t index_fp(const kvidx_index_t *idx, const kvidx_key_t *u, int n, 
 
 static uint64_t ix_fp(void)
 {
-    return fold64(index_fp(IX.idx, IX.u, IX_N, 2), IX.out);
+    uint64_t h = fold64(index_fp(IX.idx, IX.u, IX_N, 2), IX.out);
+    return fold64(h, index_fp(IX.small, IX.su, 64, 0));
 }
 
 static int ix_check(void)
 {
-    return IX.idx ? kvidx_index_check(IX.idx) : 0;
+    if (IX.idx && kvidx_index_check(IX.idx))
+        return KVIDX_EINTERNAL;
+    return IX.small ? kvidx_index_check(IX.small) : 0;
 }
 
 static void ix_teardown(void)
 {
     kvidx_index_free(IX.idx);
-    IX.idx = NULL;
+    kvidx_index_free(IX.small);
+    IX.idx = IX.small = NULL;
     IX.out = 0;
 }
 
@@ -433,7 +448,7 @@ static int ix_step(int i)
     case 0: {
         kvidx_index_opts_t o;
         memset(&o, 0, sizeof(o));
-        o.l1_capacity_bytes = 6000 * S;
+        o.l1_capacity_bytes = 3500 * S;
         o.has_seed = 1;
         for (int j = 0; j < IX_N; j++) {
             IX.u[j] = key_of(j);
@@ -520,19 +535,43 @@ static int ix_step(int i)
         return kvidx_index_set_quotas(IX.idx, q, 2);
     }
     case 30:
-        return kvidx_index_set_capacity(IX.idx, 3000 * S, 0);
+        return kvidx_index_set_capacity(IX.idx, 1500 * S, 0);
     case 31:
         return kvidx_index_reserve(IX.idx, 2000 * S);
     case 32:
         return ix_put(KVIDX_TIER_L2, 0, IX_N, 0, 10);
-    default:
+    case 33:
         return ix_list(NULL);
+    case 34:
+        IX.small = NULL;
+        return small_index_new(0, &IX.small, IX.su, 64);
+    case 35:
+    case 36: {
+        /* 63 L1 copies fill the first L1 table; key 63 only in L2. */
+        kvidx_put_t it[63];
+        for (int j = 0; j < 63; j++)
+            it[j] = (kvidx_put_t){IX.su[i == 35 ? j : 63], 1};
+        return kvidx_index_put_batch(IX.small, i == 35 ? KVIDX_TIER_L1 : KVIDX_TIER_L2, it,
+                                     i == 35 ? 63 : 1, NULL);
+    }
+    default:
+        /* A temporary load into the full table: reserve (the table
+         * grows), pin, done, and the last unpin drops the copy. */
+        if (kvidx_index_find(IX.small, &IX.su[63], &r))
+            return KVIDX_EINTERNAL;
+        if (i == 37)
+            return kvidx_index_l1_reserve(IX.small, r, 1, &IX.gen[2]);
+        if (i == 38)
+            return kvidx_index_pin(IX.small, r, IX.gen[2], 1);
+        if (i == 39)
+            return kvidx_index_l1_load_done(IX.small, r, IX.gen[2], 1);
+        return kvidx_index_unpin(IX.small, r, IX.gen[2], 1);
     }
 }
 
 Test(oom_sweep, index, .timeout = 600)
 {
-    sweep_t m = {"index", 34, ix_step, ix_fp, ix_check, NULL, ix_partial, ix_teardown};
+    sweep_t m = {"index", 41, ix_step, ix_fp, ix_check, NULL, ix_partial, ix_teardown};
     cr_assert_geq(run_sweep(&m), 30);
 }
 
@@ -552,8 +591,29 @@ static struct {
     uint64_t gen[PF_NK];
     kvidx_pft_t *t;
     uint64_t id[4], task[4];
+    uint64_t events[3]; /* the table's changed, gone and count callbacks */
     uint64_t out;
 } PF;
+
+static void pf_changed(void *ctx, kvidx_pft_handle_t *h)
+{
+    (void)ctx;
+    PF.events[0] = fold64(PF.events[0], h->id ^ (uint64_t)h->pfh.status << 32);
+}
+
+static void pf_gone(void *ctx, kvidx_pft_handle_t *h)
+{
+    (void)ctx;
+    PF.events[1] = fold64(PF.events[1], h->id);
+}
+
+static void pf_count(void *ctx, kvidx_pft_counter_t c, uint64_t d)
+{
+    (void)ctx;
+    PF.events[2] = fold64(PF.events[2], (uint64_t)c ^ d << 8);
+}
+
+static const kvidx_pft_events_t pf_events = {NULL, pf_changed, pf_gone, pf_count};
 
 static uint64_t fp_list(uint64_t h, const uint32_t *a, size_t n)
 {
@@ -609,6 +669,7 @@ static void fp_handle(void *ctx, const kvidx_pft_handle_t *hd)
 static uint64_t pf_fp(void)
 {
     uint64_t h = fold64(index_fp(PF.idx, PF.u, PF_NK, 0), PF.out);
+    h = fingerprint_bytes(h, PF.events, sizeof(PF.events));
     for (int j = 0; j < 2; j++)
         h = fp_result(fp_plan(h, &PF.plan[j]), &PF.res[j], PF.plan[j].n);
     if (PF.h_open)
@@ -780,7 +841,51 @@ static kvidx_pft_handle_t *pf_handle(int which)
 
 #define PF_STEPS 53
 
+/* What a degraded step must show against the reference: a key of the
+ * submit's handle that failed when the reference's did not (its load could
+ * not start, or the handle could not join it), or more handles completed
+ * without a result. */
+static uint64_t pf_ref_failed[MAX_STEPS], pf_ref_bare[MAX_STEPS];
+
+static void pf_bare(void *ctx, const kvidx_pft_handle_t *h)
+{
+    *(uint64_t *)ctx += h->pfh.status != KVIDX_PFH_PENDING && !h->pfh.has_result;
+}
+
+static int pf_submit_of(int i)
+{
+    return i >= 20 && i <= 22 ? i - 20 : i == 51 ? 3 : -1;
+}
+
+/* The failed keys of the handle step i submitted, one bit each, and the
+ * handles completed without a result. */
+static void pf_degradation(int i, uint64_t *failed, uint64_t *bare)
+{
+    *failed = *bare = 0;
+    if (!PF.t)
+        return;
+    kvidx_pft_each(PF.t, pf_bare, bare);
+    int which = pf_submit_of(i);
+    kvidx_pft_handle_t *h = NULL;
+    if (which < 0 || !PF.id[which])
+        return;
+    int rc = kvidx_pft_find(PF.t, PF.id[which], &h);
+    if (rc == 0 || rc == KVIDX_EHANDLEEXPIRED)
+        for (size_t k = 0; k < h->pfh.n; k++)
+            *failed |= (uint64_t)h->pfh.keys[k].failed << k;
+}
+
+static int pf_step_do(int i);
+
 static int pf_step(int i)
+{
+    int rc = pf_step_do(i);
+    if (sweep_reference)
+        pf_degradation(i, &pf_ref_failed[i], &pf_ref_bare[i]);
+    return rc;
+}
+
+static int pf_step_do(int i)
 {
     switch (i) {
     case 0:
@@ -830,7 +935,7 @@ static int pf_step(int i)
         PF.h_open = 0;
         return 0;
     case 19: {
-        int rc = kvidx_pft_new(&PF.t, PF.idx, NULL, 0);
+        int rc = kvidx_pft_new(&PF.t, PF.idx, &pf_events, 0);
         if (rc == 0)
             kvidx_pft_set_times(PF.t, 5, 50);
         else
@@ -875,8 +980,13 @@ static int pf_step(int i)
  * completions inside task_finish and advance). */
 static int pf_degraded_ok(int i)
 {
-    return (i >= 8 && i <= 11) || i == 16 || (i >= 20 && i <= 22) || (i >= 23 && i <= 46) ||
-           i >= 50;
+    uint64_t failed, bare;
+    pf_degradation(i, &failed, &bare);
+    if (pf_submit_of(i) >= 0)
+        return (failed & ~pf_ref_failed[i]) != 0;
+    if ((i >= 23 && i <= 46) || i == 50 || i == 52) /* load ends: a bare completion */
+        return bare > pf_ref_bare[i];
+    return 0;
 }
 
 static int pf_partial(int i)
