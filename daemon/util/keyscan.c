@@ -190,49 +190,52 @@ static int same_string(struct cur *c, const char *known, size_t n)
     return 1;
 }
 
-static kvidx_field_t *member_slot(kvidx_key_input_t *in, const char *s, size_t n)
+/* The five members of a key object. */
+enum { M_HASH, M_MODEL, M_RANK, M_GROUP, M_SALT, M_NONE };
+
+static int member_of(const char *s, size_t n)
 {
     switch (n) {
     case 7:
-        return memcmp(s, "kv_rank", 7) == 0 ? &in->kv_rank : NULL;
+        return memcmp(s, "kv_rank", 7) == 0 ? M_RANK : M_NONE;
     case 10:
         if (memcmp(s, "model_name", 10) == 0)
-            return &in->model_name;
-        return memcmp(s, "cache_salt", 10) == 0 ? &in->cache_salt : NULL;
+            return M_MODEL;
+        return memcmp(s, "cache_salt", 10) == 0 ? M_SALT : M_NONE;
     case 14:
-        return memcmp(s, "chunk_hash_hex", 14) == 0 ? &in->chunk_hash_hex : NULL;
+        return memcmp(s, "chunk_hash_hex", 14) == 0 ? M_HASH : M_NONE;
     case 15:
-        return memcmp(s, "object_group_id", 15) == 0 ? &in->object_group_id : NULL;
+        return memcmp(s, "object_group_id", 15) == 0 ? M_GROUP : M_NONE;
     default:
-        return NULL;
+        return M_NONE;
     }
 }
 
-/* The member name at c->p, consumed: its slot in *in, or NULL for a name
- * that is not a key member (or not a plain string). The five names are
+/* The member name at c->p, consumed: which key member it names, or M_NONE
+ * for a name that is not one (or not a plain string). The five names are
  * matched as literals, quotes included, before any scan. */
-static kvidx_field_t *member_name(struct cur *c, kvidx_key_input_t *in)
+static int member_name(struct cur *c)
 {
     /* Constant-length compares, which the compiler inlines. */
-#define LIT(lit, field)                                                                            \
+#define LIT(lit, m)                                                                                \
     if (left >= sizeof(lit) - 1 && memcmp(c->p, lit, sizeof(lit) - 1) == 0) {                      \
         c->p += sizeof(lit) - 1;                                                                   \
-        return &in->field;                                                                         \
+        return m;                                                                                  \
     }
     size_t left = (size_t)(c->e - c->p);
     switch (left >= 2 ? c->p[1] : 0) {
     case 'm':
-        LIT("\"model_name\"", model_name)
+        LIT("\"model_name\"", M_MODEL)
         break;
     case 'k':
-        LIT("\"kv_rank\"", kv_rank)
+        LIT("\"kv_rank\"", M_RANK)
         break;
     case 'c':
-        LIT("\"chunk_hash_hex\"", chunk_hash_hex)
-        LIT("\"cache_salt\"", cache_salt)
+        LIT("\"chunk_hash_hex\"", M_HASH)
+        LIT("\"cache_salt\"", M_SALT)
         break;
     case 'o':
-        LIT("\"object_group_id\"", object_group_id)
+        LIT("\"object_group_id\"", M_GROUP)
         break;
     default:
         break;
@@ -241,46 +244,97 @@ static kvidx_field_t *member_name(struct cur *c, kvidx_key_input_t *in)
     const char *name;
     size_t nlen;
     if (plain_string(c, &name, &nlen) != 0)
-        return NULL;
-    return member_slot(in, name, nlen);
+        return M_NONE;
+    return member_of(name, nlen);
 }
 
-/* One key object at c->p ('{'); *values counts what json_scan would. The
- * model name and salt of prev (the key before, or NULL) passed their
- * checks: the same bytes are not checked again. */
+/* An integer member value: plain digits (what plain_number takes) up to
+ * max. Such a number is integral and exact, so kvidx_key_from_input's rule
+ * for kv_rank and object_group_id (an integral JSON number in 0..max)
+ * takes it with the same value, and refuses every other plain number. */
+static int plain_uint(struct cur *c, uint64_t max, uint64_t *v)
+{
+    double d;
+    if (plain_number(c, &d) != 0 || d > (double)max)
+        return -1;
+    *v = (uint64_t)d;
+    return 0;
+}
+
+/* A model name or salt value at c->p: the previous key's bytes (which
+ * passed their check) are taken by one memcmp, with the previous key's
+ * pointer, so that the index's batch probes see one namespace by pointer;
+ * other bytes are scanned as a plain string and checked by check. */
+static int name_value(struct cur *c, const char *known, size_t known_len,
+                      int (*check)(const char *, size_t, kvidx_reason_t *), const char **s,
+                      size_t *n)
+{
+    if (same_string(c, known, known_len)) {
+        *s = known;
+        *n = known_len;
+        return 0;
+    }
+    if (*c->p != '"' || plain_string(c, s, n) != 0 || check(*s, *n, NULL) != 0)
+        return -1;
+    return 0;
+}
+
+/* One key object at c->p ('{') into *k; *values counts what json_scan
+ * would. The model name and salt of prev (the key before, or NULL) passed
+ * their checks: the same bytes are not checked again.
+ *
+ * The key is built here rather than through kvidx_key_from_input, with its
+ * rules: chunk_hash_hex, model_name and kv_rank required, the two names and
+ * the hash strings, the integers numbers in range, cache_salt "" when
+ * absent. A value of another kind is no key of the fast path: the caller
+ * falls back to cJSON and json_to_key, which says why. */
 static int key_object(struct cur *c, kvidx_key_t *k, const kvidx_key_t *prev, size_t *values)
 {
-    kvidx_key_input_t in;
-    memset(&in, 0, sizeof(in));
-    if (prev) {
-        in.valid_model = prev->model;
-        in.valid_model_len = prev->model_len;
-        in.valid_salt = prev->salt;
-        in.valid_salt_len = prev->salt_len;
-    }
+    unsigned seen = 0;
+    const char *model = NULL, *salt = "";
+    size_t model_len = 0, salt_len = 0;
+    uint64_t v;
+    memset(k, 0, sizeof(*k));
     c->p++;
     (*values)++;
     for (;;) {
         skip_ws(c);
-        kvidx_field_t *f = member_name(c, &in);
-        if (!f || f->kind != KVIDX_FIELD_ABSENT || expect(c, ':') != 0)
+        int m = member_name(c);
+        if (m == M_NONE || (seen & (1u << m)) || expect(c, ':') != 0)
             return -1;
+        seen |= 1u << m;
         skip_ws(c);
         if (c->p == c->e)
             return -1;
-        if (f == &in.model_name && same_string(c, in.valid_model, in.valid_model_len)) {
-            /* The previous key's model name: no scan, no check. */
-            f->str = c->p - 1 - in.valid_model_len;
-            f->len = in.valid_model_len;
-            f->kind = KVIDX_FIELD_STRING;
-        } else if (*c->p == '"') {
-            if (plain_string(c, &f->str, &f->len) != 0)
+        switch (m) {
+        case M_MODEL:
+            if (name_value(c, prev ? prev->model : NULL, prev ? prev->model_len : 0,
+                           kvidx_key_check_model, &model, &model_len) != 0)
                 return -1;
-            f->kind = KVIDX_FIELD_STRING;
-        } else {
-            if (plain_number(c, &f->num) != 0)
+            break;
+        case M_SALT:
+            if (name_value(c, prev ? prev->salt : NULL, prev ? prev->salt_len : 0,
+                           kvidx_key_check_salt, &salt, &salt_len) != 0)
                 return -1;
-            f->kind = KVIDX_FIELD_NUMBER;
+            break;
+        case M_HASH: {
+            const char *hex;
+            size_t hex_len;
+            if (*c->p != '"' || plain_string(c, &hex, &hex_len) != 0 ||
+                kvidx_key_hash_from_hex(hex, hex_len, k->hash, &k->hash_len, NULL) != 0)
+                return -1;
+            break;
+        }
+        case M_RANK:
+            if (plain_uint(c, UINT32_MAX, &v) != 0)
+                return -1;
+            k->kv_rank = (uint32_t)v;
+            break;
+        default: /* M_GROUP */
+            if (plain_uint(c, KVIDX_GROUP_MAX, &v) != 0)
+                return -1;
+            k->group = (uint16_t)v;
+            break;
         }
         skip_ws(c);
         if (c->p == c->e)
@@ -294,7 +348,15 @@ static int key_object(struct cur *c, kvidx_key_t *k, const kvidx_key_t *prev, si
         c->p++;
         (*values)++;
     }
-    return kvidx_key_from_input(&in, k, NULL) == 0 ? 0 : -1;
+    unsigned required = 1u << M_HASH | 1u << M_MODEL | 1u << M_RANK;
+    if ((seen & required) != required)
+        return -1;
+    k->model = model;
+    k->model_len = (uint16_t)model_len;
+    /* An empty salt is "", whatever bytes spelled it. */
+    k->salt = salt_len ? salt : "";
+    k->salt_len = (uint8_t)salt_len;
+    return 0;
 }
 
 /* A size_bytes value: 1..2^40 as plain digits, what json_uint takes. */

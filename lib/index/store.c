@@ -96,11 +96,18 @@ static int put_lookup(const kvidx_index_t *idx, batch_t *b, size_t *conflict_ind
     const kvidx_put_t *items = b->items;
     work_t *work = b->work;
     const ns_t *last_ns = NULL;
+    const kvidx_key_t *prev = NULL;
     for (size_t i = 0; i < b->n; i++) {
         const kvidx_key_t *k = &items[i].key;
         work[i].ns = UINT32_MAX;
-        if (!last_ns || ns_cmp(last_ns, k->salt, k->salt_len, k->model, k->model_len) != 0)
-            last_ns = ns_find(idx, k);
+        /* The namespace of the key before when the key names the same
+         * model and salt memory (a parsed batch usually does): no compare. */
+        if (!prev || k->model != prev->model || k->salt != prev->salt ||
+            k->model_len != prev->model_len || k->salt_len != prev->salt_len) {
+            if (!last_ns || ns_cmp(last_ns, k->salt, k->salt_len, k->model, k->model_len) != 0)
+                last_ns = ns_find(idx, k);
+            prev = k;
+        }
         if (!last_ns || !idx->ht_cap)
             continue;
         tkey_t t = {k->kv_rank, k->group, k->hash_len, k->hash};
