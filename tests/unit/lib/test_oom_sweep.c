@@ -5,21 +5,28 @@
  *
  * The workload is a list of steps, each one call into the module. A run
  * is deterministic up to the failing allocation, so the state before the
- * failing step is the reference run's state before that step. After the
- * step that met the failure:
- *   - the structure's own check passes (or, for a module without one, its
- *     observable state is compared);
- *   - the call returned KVIDX_ENOMEM (or the error its header documents)
- *     and the observable state is the one before the call, or the call
- *     absorbed the failure and the state is the one after it; a module
- *     names the few calls documented as not all or nothing and checks
- *     them itself;
+ * failing step is the reference run's state before that step. A module
+ * gives a fingerprint of its observable state (everything its read
+ * functions show) and its invariant check (kvidx_index_check,
+ * kvidx_directory_check, kvidx_refset_check, the prefetch table's pins
+ * against the index's; none for the layouts and tokens, whose fingerprint
+ * is all there is). After the step that met the failure:
+ *   - the check passes;
+ *   - the call returned KVIDX_ENOMEM and the state is the one before the
+ *     call; or it absorbed the failure and the state is the one after it;
+ *     or, for the few calls whose header documents a best effort (a
+ *     prefetch load that cannot start counts as failed, a bulk load keeps
+ *     the items before the failing one), the module checks that the
+ *     documented outcome is the one that happened;
  *   - the same call retried with memory back succeeds and leaves the
  *     reference state after it;
  * and the run's remaining steps give the reference answers and the
  * reference end state. After everything is destroyed no block is live.
  * Each module prints "oom_sweep MODULE points=N": the number of
- * allocations its workload met, each of which was failed once.
+ * allocations its workload met, each of which was failed once (0 for the
+ * journal, snapshot and page token codecs, which must not allocate).
+ * OOM_SWEEP_VERBOSE=1 lists each step's allocations and each documented
+ * best effort taken.
  */
 #include <criterion/criterion.h>
 
@@ -32,6 +39,7 @@
 #include "kvidx/index_source.h"
 #include "kvidx/journal.h"
 #include "kvidx/layout.h"
+#include "kvidx/page_token.h"
 #include "kvidx/prefetch_handle.h"
 #include "kvidx/prefetch_plan.h"
 #include "kvidx/prefetch_table.h"
@@ -1130,6 +1138,61 @@ Test(oom_sweep, journal, .timeout = 600)
 {
     sweep_t m = {"journal", 8, jr_step, jr_fp, jr_check, NULL, NULL, jr_teardown};
     cr_assert_eq(run_sweep(&m), 0, "the codecs allocate");
+}
+
+/* Page tokens, the same: encoded into and decoded from caller memory. */
+static struct {
+    kvidx_token_keyring_t kr;
+    char tok[KVIDX_PAGE_TOKEN_STR_MAX + 1];
+    size_t len;
+    kvidx_page_cursor_t cur;
+} PT;
+
+static uint64_t pt_fp(void)
+{
+    uint64_t h = fingerprint_bytes(FINGERPRINT_SEED, PT.tok, PT.len);
+    h = fold64(h, PT.kr.count ^ (uint64_t)PT.cur.flags << 8 ^ (uint64_t)PT.cur.secret_id << 16);
+    h = fingerprint_bytes(h, PT.cur.key.hash, PT.cur.key.hash_len);
+    return fingerprint_bytes(h, PT.cur.model, PT.cur.key.model_len);
+}
+
+static void pt_teardown(void)
+{
+    memset(&PT, 0, sizeof(PT));
+}
+
+static int pt_step(int i)
+{
+    static const uint8_t digest[KVIDX_LIST_DIGEST_LEN] = {1, 2, 3};
+    kvidx_token_secret_t sec;
+    memset(&sec, 0, sizeof(sec));
+    switch (i) {
+    case 0:
+        kvidx_token_keyring_init(&PT.kr);
+        return 0;
+    case 1:
+    case 2:
+        sec.id = (uint32_t)i;
+        sec.secret[0] = (uint8_t)i;
+        return kvidx_token_keyring_rotate(&PT.kr, &sec);
+    case 3: {
+        kvidx_key_t k = key_of(7);
+        PT.len = sizeof(PT.tok);
+        return kvidx_page_token_encode(kvidx_token_keyring_current(&PT.kr), 1000, digest, &k,
+                                       KVIDX_PAGE_CURSOR_INCLUSIVE, PT.tok, &PT.len);
+    }
+    default: {
+        int rc = kvidx_page_token_decode(&PT.kr, PT.tok, PT.len, 1010, 60, digest, &PT.cur);
+        kvidx_key_t k = key_of(7);
+        return rc == 0 && kvidx_key_cmp(&PT.cur.key, &k) != 0 ? KVIDX_EINTERNAL : rc;
+    }
+    }
+}
+
+Test(oom_sweep, page_token, .timeout = 600)
+{
+    sweep_t m = {"page_token", 5, pt_step, pt_fp, jr_check, NULL, NULL, pt_teardown};
+    cr_assert_eq(run_sweep(&m), 0, "page tokens allocate");
 }
 
 /* ---- (d) the fleet directory, its codec and its replay ---- */
