@@ -385,52 +385,77 @@ class EventWriter:
 
 
 class Registrar:
+    """POST /instances of new ids and again of registered ones (a new port:
+    re_registered), DELETE /instances/{id}; the reference of the
+    registrations and of the registration_time each was first seen with."""
+
     def __init__(self, t):
         self.t = t
         self.n = 0
         self.registered = {}   # id -> http_port
-        self.inflight = None   # ("reg", id, port) or ("dereg", id, port)
+        self.seen_time = {}    # id -> registration_time listed since its last change
+        self.inflight = None   # (kind, id, new port or None, old port or None)
 
     def step(self, d, rng):
-        if self.registered and rng.random() < 0.3:
+        op = rng.random()
+        if self.registered and op < 0.25:
             iid = rng.choice(sorted(self.registered))
-            self.inflight = ("dereg", iid, self.registered[iid])
-            st = self.call(d, "DELETE", "/instances/" + iid, None)
+            self.inflight = ("dereg", iid, None, self.registered[iid])
+            self.seen_time.pop(iid, None)
+            st = self.call(d, "DELETE", "/instances/" + iid, None)[0]
             self.t.assertEqual(st, 204)
             self.inflight = None
             del self.registered[iid]
             self.t.stats.add("ack_deregistrations")
             return
-        self.n += 1
-        iid, port = "reg-%d" % self.n, 1000 + self.n
-        self.inflight = ("reg", iid, port)
-        st = self.call(d, "POST", "/instances", {"instance_id": iid, "ip": "127.0.0.1",
-                                                 "http_port": port, "metadata": {}})
-        self.t.assertEqual(st, 200)
+        if self.registered and op < 0.45:
+            iid = rng.choice(sorted(self.registered))
+            old = self.registered[iid]
+        else:
+            self.n += 1
+            iid, old = "reg-%d" % self.n, None
+        port = rng.randrange(1024, 65536)
+        self.inflight = ("reg", iid, port, old)
+        self.seen_time.pop(iid, None)
+        st, ans = self.call(d, "POST", "/instances", {
+            "instance_id": iid, "ip": "127.0.0.1", "http_port": port,
+            "metadata": {"port": str(port)}})
+        self.t.assertEqual((st, ans), (200, {"instance_id": iid,
+                                             "re_registered": old is not None}))
         self.inflight = None
         self.registered[iid] = port
-        self.t.stats.add("ack_registrations")
+        self.t.stats.add("ack_reregistrations" if old is not None else "ack_registrations")
 
     @staticmethod
     def call(d, method, path, body):
         try:
-            return post_json(d.addr[0], d.addr[1], method, path, body)[0]
+            return post_json(d.addr[0], d.addr[1], method, path, body)
         except ConnectionRefusedError:
             raise Unsent()
 
     def resolve(self, listed):
+        """listed: id -> (ip, port, metadata, registration_time)."""
         if self.inflight is None:
             return
-        kind, iid, port = self.inflight
+        kind, iid, new, old = self.inflight
         self.inflight = None
-        there = listed.get(iid) == ("127.0.0.1", port)
-        if kind == "reg" and there:
-            self.registered[iid] = port
-        if kind == "dereg" and not there:
-            del self.registered[iid]
-        applied = there if kind == "reg" else not there
-        self.t.stats.add("inflight_instances_applied" if applied
+        got = listed[iid][1] if iid in listed else None
+        self.t.assertIn(got, (new, old), "registration of %s in flight: port %s" % (iid, got))
+        if got is None:
+            self.registered.pop(iid, None)
+        else:
+            self.registered[iid] = got
+        self.t.stats.add("inflight_instances_applied" if got == new
                          else "inflight_instances_not_applied")
+
+    def check(self, rnd, listed, streams):
+        want = {iid: ("127.0.0.1", p, {"port": str(p)}) for iid, p in self.registered.items()}
+        want.update({s: ("127.0.0.1", 8080, {}) for s in streams})
+        self.t.assertEqual({i: v[:3] for i, v in listed.items()}, want,
+                           "round %d: registrations" % rnd)
+        for iid, v in listed.items():
+            t = self.seen_time.setdefault(iid, v[3])
+            self.t.assertEqual(v[3], t, "round %d: %s's registration_time changed" % (rnd, iid))
 
 
 class FsWriter:
@@ -797,12 +822,12 @@ class CrashConsistency(unittest.TestCase):
         # Registrations.
         st, ans = post_json(d.addr[0], d.addr[1], "GET", "/instances", None)
         self.assertEqual(st, 200)
-        listed_inst = {i["instance_id"]: (i["ip"], i["http_port"]) for i in ans["instances"]}
+        listed_inst = {i["instance_id"]: (i["ip"], i["http_port"], i["metadata"],
+                                          i["registration_time"]) for i in ans["instances"]}
+        self.assertEqual(len(listed_inst), len(ans["instances"]), "an instance listed twice")
         self.registrar.resolve(listed_inst)
-        want_inst = {iid: ("127.0.0.1", p) for iid, p in self.registrar.registered.items()}
-        want_inst.update({s.name: ("127.0.0.1", 8080) for s in self.streams})
-        self.assertEqual(listed_inst, want_inst, "round %d: registrations" % rnd)
-        self.stats.add("checked_registrations", len(want_inst))
+        self.registrar.check(rnd, listed_inst, [s.name for s in self.streams])
+        self.stats.add("checked_registrations", len(listed_inst))
 
         # Counts.
         r = self.d.request("GET", "/v1/stats")
