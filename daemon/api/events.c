@@ -9,9 +9,15 @@
  * entry are ignored, as LMCache's models ignore them (newer emitters add
  * fields); a key object follows kvidx's key rules, unknown members
  * included. Under fsync = always the answer waits for the journal.
+ *
+ * Two decoders: events_scan (api/events_scan.c) reads the usual body
+ * straight from its bytes; anything else goes through the cJSON tree and
+ * events_decode here, which is the reference: it gives every error
+ * answer, and the scanner takes only bodies it decodes the same way.
  */
 #include "api/api.h"
 #include "api/body.h"
+#include "api/events_scan.h"
 #include "api/fleet_json.h"
 
 #include "state/auth.h"
@@ -28,23 +34,6 @@
 #include <string.h>
 
 #define U63 9223372036854775807.0
-/* Token ids of one entry: a chunk's (LMCache: 256). The bound keeps an
- * entry inside one journal record. */
-#define EV_MAX_ENTRY_TOKENS 65536
-
-struct ev_req {
-    kvidx_dir_batch_t *batches;
-    size_t nb;
-    kvidx_dir_entry_t *entries;
-    uint32_t *tokens;
-};
-
-static void ev_free(struct ev_req *r)
-{
-    free(r->batches);
-    free(r->entries);
-    free(r->tokens);
-}
 
 static int parse_event_type(const char *s, size_t n, kvidx_dir_event_t *out)
 {
@@ -100,7 +89,7 @@ static int parse_entry(struct param_errors *pe, const cJSON *e, size_t bi, size_
         param_errors_add(pe, "must be an array", "%stoken_ids", where);
         return -1;
     }
-    if (toks && cJSON_GetArraySize(toks) > EV_MAX_ENTRY_TOKENS) {
+    if (toks && cJSON_GetArraySize(toks) > EVENTS_MAX_ENTRY_TOKENS) {
         param_errors_add(pe, "must hold at most 65536 token ids (one chunk's)", "%stoken_ids",
                          where);
         return -1;
@@ -233,47 +222,62 @@ static int count_body(const cJSON *batches, size_t *nb, size_t *ne, size_t *nt)
     return 0;
 }
 
+int events_decode(const cJSON *root, struct param_errors *pe, struct ev_body *out, int *key_fault)
+{
+    memset(out, 0, sizeof(*out));
+    const cJSON *batches =
+        cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "batches") : NULL;
+    if (!cJSON_IsObject(root)) {
+        param_errors_add(pe, "must be a JSON object", "body");
+        return -1;
+    }
+    if (batches && !cJSON_IsArray(batches)) {
+        param_errors_add(pe, "must be an array", "batches");
+        return -1;
+    }
+    size_t nb = 0, ne = 0, nt = 0;
+    if (batches)
+        count_body(batches, &nb, &ne, &nt);
+    out->batches = malloc((nb ? nb : 1) * sizeof(*out->batches));
+    out->entries = malloc((ne ? ne : 1) * sizeof(*out->entries));
+    out->tokens = malloc((nt ? nt : 1) * sizeof(*out->tokens));
+    if (!out->batches || !out->entries || !out->tokens)
+        return KVIDX_ENOMEM;
+    size_t eoff = 0, bi = 0;
+    uint32_t *tok_cursor = out->tokens;
+    if (batches)
+        for (const cJSON *b = batches->child; b; b = b->next, bi++) {
+            parse_batch(pe, b, bi, &out->batches[bi], out->entries + eoff, &tok_cursor, key_fault);
+            eoff += out->batches[bi].num_entries;
+        }
+    out->nb = nb;
+    out->ne = eoff;
+    out->nt = (size_t)(tok_cursor - out->tokens);
+    return pe->n ? -1 : 0;
+}
+
 static int api_events(const struct request *req, struct response *res)
 {
     if (persist_refuse(req, res))
         return 0;
     cJSON *root = NULL;
-    if (json_parse_body(req, res, &root) != 0)
-        return 0;
     struct param_errors pe;
     param_errors_init(&pe);
-    struct ev_req r;
-    memset(&r, 0, sizeof(r));
+    struct ev_body r;
     int key_fault = 0;
-    const cJSON *batches =
-        cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "batches") : NULL;
-    if (!cJSON_IsObject(root)) {
-        param_errors_add(&pe, "must be a JSON object", "body");
-        goto invalid;
-    }
-    if (batches && !cJSON_IsArray(batches)) {
-        param_errors_add(&pe, "must be an array", "batches");
-        goto invalid;
-    }
-    size_t nb = 0, ne = 0, nt = 0;
-    if (batches)
-        count_body(batches, &nb, &ne, &nt);
-    r.batches = malloc((nb ? nb : 1) * sizeof(*r.batches));
-    r.entries = malloc((ne ? ne : 1) * sizeof(*r.entries));
-    r.tokens = malloc((nt ? nt : 1) * sizeof(*r.tokens));
-    if (!r.batches || !r.entries || !r.tokens)
-        goto oom;
-    size_t eoff = 0, bi = 0;
-    uint32_t *tok_cursor = r.tokens;
-    if (batches)
-        for (const cJSON *b = batches->child; b; b = b->next, bi++) {
-            parse_batch(&pe, b, bi, &r.batches[bi], r.entries + eoff, &tok_cursor, &key_fault);
-            eoff += r.batches[bi].num_entries;
+    if (events_scan(req->body, req->body_len, req->app, &r) != 0) {
+        if (json_parse_body(req, res, &root) != 0) {
+            param_errors_free(&pe);
+            return 0;
         }
-    r.nb = nb;
-    if (pe.n)
-        goto invalid;
+        int drc = events_decode(root, &pe, &r, &key_fault);
+        if (drc == KVIDX_ENOMEM)
+            goto oom;
+        if (drc != 0)
+            goto invalid;
+    }
     param_errors_free(&pe);
+    size_t ne = r.ne;
 
     /* A token bound to a cache_salt may report only that salt's keys
      * (403 for the whole request, nothing applied). */
@@ -314,7 +318,7 @@ static int api_events(const struct request *req, struct response *res)
     if (res->body.failed)
         goto oom_answered;
     res_json(res, 200);
-    ev_free(&r);
+    ev_body_free(&r);
     cJSON_Delete(root);
     return persist_ack(req, res);
 
@@ -327,7 +331,7 @@ oom_answered:
     buf_reset(&res->body);
     res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
 out:
-    ev_free(&r);
+    ev_body_free(&r);
     cJSON_Delete(root);
     return 0;
 }
