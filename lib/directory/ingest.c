@@ -33,6 +33,12 @@ static int reject(kvidx_reason_t *why, size_t *bad, size_t entry, const char *fi
     return KVIDX_EINVAL;
 }
 
+/* Equal byte ranges (a NULL range of length 0 equals any empty one). */
+static int same_bytes(const char *a, size_t an, const char *b, size_t bn)
+{
+    return an == bn && (an == 0 || (a && b && memcmp(a, b, an) == 0));
+}
+
 int kvidx_directory_batch_check(const kvidx_dir_batch_t *b, size_t *bad_entry, kvidx_reason_t *why)
 {
     if (bad_entry)
@@ -62,6 +68,9 @@ int kvidx_directory_batch_check(const kvidx_dir_batch_t *b, size_t *bad_entry, k
                       "config batches declare capacity and carry no entries");
     if (b->num_entries && !b->entries)
         return reject(why, bad_entry, SIZE_MAX, "entries", "missing");
+    /* The model name and salt of the entry before, which passed: a batch
+     * usually names one model a thousand times, checked once. */
+    const kvidx_key_t *ok = NULL;
     for (size_t i = 0; i < b->num_entries; i++) {
         const kvidx_dir_entry_t *e = &b->entries[i];
         const kvidx_key_t *k = &e->key;
@@ -69,10 +78,14 @@ int kvidx_directory_batch_check(const kvidx_dir_batch_t *b, size_t *bad_entry, k
             return reject(why, bad_entry, i, "chunk_hash_hex", "must be 2..128 hex digits");
         if (!k->model)
             return reject(why, bad_entry, i, "model_name", "missing");
-        if (kvidx_key_check_model(k->model, k->model_len, why))
-            return reject(NULL, bad_entry, i, NULL, NULL);
-        if (k->salt_len && (!k->salt || kvidx_key_check_salt(k->salt, k->salt_len, why)))
+        if (!ok || !same_bytes(k->model, k->model_len, ok->model, ok->model_len)) {
+            if (kvidx_key_check_model(k->model, k->model_len, why))
+                return reject(NULL, bad_entry, i, NULL, NULL);
+        }
+        if (k->salt_len && (!ok || !same_bytes(k->salt, k->salt_len, ok->salt, ok->salt_len)) &&
+            (!k->salt || kvidx_key_check_salt(k->salt, k->salt_len, why)))
             return reject(k->salt ? NULL : why, bad_entry, i, "cache_salt", "missing");
+        ok = k;
         if (e->token_offset < KVIDX_DIR_UNKNOWN_OFFSET)
             return reject(why, bad_entry, i, "token_offset", "must be >= 0 or -1 (unknown)");
         if (e->num_tokens && !e->token_ids)
@@ -101,7 +114,9 @@ typedef struct prep {
     uint32_t backend; /* pinned backend string, or NONE */
     uint32_t *ns;     /* per entry: pinned namespace, or NONE */
     dbind_t **blk;    /* per entry: binding block not yet consumed, or NULL */
+    uint32_t *ref;    /* per entry: the key's record when prepare found it, or NONE */
     size_t n;
+    int refs_stale; /* a fence came after prepare: ref[] may name freed records */
 } prep_t;
 
 static void release(kvidx_directory_t *d, prep_t *pr)
@@ -114,6 +129,7 @@ static void release(kvidx_directory_t *d, prep_t *pr)
     }
     dr_free(d, pr->blk, pr->n * sizeof(dbind_t *));
     dr_free(d, pr->ns, pr->n * sizeof(uint32_t));
+    dr_free(d, pr->ref, pr->n * sizeof(uint32_t));
     if (pr->src != NONE)
         dr_src_unpin(d, pr->src);
     if (pr->backend != NONE)
@@ -132,25 +148,37 @@ static int prepare_store(kvidx_directory_t *d, const kvidx_dir_batch_t *b, prep_
         return 0;
     pr->ns = dr_alloc(d, n * sizeof(uint32_t));
     pr->blk = dr_alloc(d, n * sizeof(dbind_t *));
-    if (!pr->ns || !pr->blk) {
+    pr->ref = dr_alloc(d, n * sizeof(uint32_t));
+    if (!pr->ns || !pr->blk || !pr->ref) {
         dr_free(d, pr->ns, n * sizeof(uint32_t));
         dr_free(d, pr->blk, n * sizeof(dbind_t *));
+        dr_free(d, pr->ref, n * sizeof(uint32_t));
         pr->ns = NULL;
         pr->blk = NULL;
+        pr->ref = NULL;
         return KVIDX_ENOMEM;
     }
     pr->n = n;
     for (size_t i = 0; i < n; i++) {
         pr->ns[i] = NONE;
         pr->blk[i] = NULL;
+        pr->ref[i] = NONE;
     }
     uint32_t per_class[NCLASS] = {0};
     size_t fresh = 0, blocks = 0;
     for (size_t i = 0; i < n; i++) {
         const kvidx_dir_entry_t *e = &b->entries[i];
-        if (dr_ns_get(d, &e->key, &pr->ns[i]))
+        const kvidx_key_t *prev = i ? &b->entries[i - 1].key : NULL;
+        if (prev && same_bytes(e->key.model, e->key.model_len, prev->model, prev->model_len) &&
+            same_bytes(e->key.salt, e->key.salt_len, prev->salt, prev->salt_len)) {
+            /* The namespace of the entry before: one more pin, no lookup. */
+            pr->ns[i] = pr->ns[i - 1];
+            d->ns[pr->ns[i]].refs++;
+        } else if (dr_ns_get(d, &e->key, &pr->ns[i])) {
             return KVIDX_ENOMEM;
-        if (dr_key_find(d, pr->ns[i], &e->key) == NONE) {
+        }
+        pr->ref[i] = dr_key_find(d, pr->ns[i], &e->key);
+        if (pr->ref[i] == NONE) {
             per_class[hash_class(e->key.hash_len)]++;
             fresh++;
         }
@@ -201,7 +229,12 @@ static void apply_entries(kvidx_directory_t *d, const kvidx_dir_batch_t *b, prep
     for (size_t i = 0; i < b->num_entries; i++) {
         const kvidx_dir_entry_t *e = &b->entries[i];
         if (b->event_type == KVIDX_DIR_STORE) {
-            uint32_t ref = dr_key_find(d, pr->ns[i], &e->key);
+            /* A key prepare found still exists unless a fence came since;
+             * one it did not find may have been made by an earlier entry
+             * of this batch naming it too. */
+            uint32_t ref = pr->refs_stale ? NONE : pr->ref[i];
+            if (ref == NONE)
+                ref = dr_key_find(d, pr->ns[i], &e->key);
             if (ref == NONE)
                 ref = dr_key_create(d, pr->ns[i], &e->key);
             dr_pl_upsert(d, ref, pr->src, e->size_bytes);
@@ -229,8 +262,10 @@ static void apply(kvidx_directory_t *d, const kvidx_dir_batch_t *b, prep_t *pr)
 {
     inst_t *in = pr->in;
     if (!in->has_cursor || b->incarnation > in->incarnation) {
-        if (in->has_cursor)
+        if (in->has_cursor) {
             dr_fence(d, in);
+            pr->refs_stale = 1;
+        }
         in->has_cursor = 1;
         in->incarnation = b->incarnation;
         in->last_seq = 0;
