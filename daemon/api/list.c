@@ -81,7 +81,9 @@ static int write_entries(struct buf *b, const kvidx_index_t *idx, const kvidx_re
             break;
         size_t need = 1 + nj.head.len + 10 + sizeof(LIT_GROUP) + 5 + sizeof(LIT_HASH) +
                       2 * (size_t)e.hash_len + nj.tail.len + 20 + 1;
-        if ((rc = buf_reserve(b, need)) != 0)
+        /* The first entry's bound for the whole page (most pages are one
+         * namespace): the buffer grows once, not by doubling. */
+        if ((rc = buf_reserve(b, first ? need * (count - i) : need)) != 0)
             break;
         char *o = b->data + b->len;
         if (!first)

@@ -11,6 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 void buf_init(struct buf *b)
 {
     memset(b, 0, sizeof(*b));
@@ -120,11 +124,22 @@ static const char digit_pairs[201] = "000102030405060708091011121314151617181920
                                      "50515253545556575859606162636465666768697071727374"
                                      "75767778798081828384858687888990919293949596979899";
 
-/* Writes v in decimal at p (room for 10 bytes); returns the end. */
+/* Writes v in decimal at p (room for 10 bytes); returns the end. The
+ * digits are written in place from the end, whose position the digit
+ * count gives: no copy. */
 static char *u32_dec(char *p, uint32_t v)
 {
-    char tmp[10];
-    char *q = tmp + sizeof(tmp);
+    size_t n = v < 10           ? 1
+               : v < 100        ? 2
+               : v < 1000       ? 3
+               : v < 10000      ? 4
+               : v < 100000     ? 5
+               : v < 1000000    ? 6
+               : v < 10000000   ? 7
+               : v < 100000000  ? 8
+               : v < 1000000000 ? 9
+                                : 10;
+    char *q = p + n;
     while (v >= 100) {
         q -= 2;
         memcpy(q, digit_pairs + 2 * (v % 100), 2);
@@ -136,8 +151,6 @@ static char *u32_dec(char *p, uint32_t v)
     } else {
         *--q = (char)('0' + v);
     }
-    size_t n = (size_t)(tmp + sizeof(tmp) - q);
-    memcpy(p, q, n);
     return p + n;
 }
 
@@ -189,9 +202,31 @@ static inline uint64_t hex8_of(uint32_t v)
     return n + UINT64_C(0x3030303030303030) + above9 * 0x27;
 }
 
+#if defined(__SSE2__)
+/* The 32 lowercase hex digits of 16 bytes: nibbles split and interleaved
+ * (high first), then '0' + n, plus 'a' - '0' - 10 where n > 9. */
+static inline void hex16_at(char *p, const uint8_t *bytes)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)bytes);
+    __m128i lo_mask = _mm_set1_epi8(0x0f);
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), lo_mask);
+    __m128i lo = _mm_and_si128(v, lo_mask);
+    __m128i a = _mm_unpacklo_epi8(hi, lo), b = _mm_unpackhi_epi8(hi, lo);
+    __m128i nine = _mm_set1_epi8(9), zero = _mm_set1_epi8('0'), gap = _mm_set1_epi8(0x27);
+    a = _mm_add_epi8(_mm_add_epi8(a, zero), _mm_and_si128(_mm_cmpgt_epi8(a, nine), gap));
+    b = _mm_add_epi8(_mm_add_epi8(b, zero), _mm_and_si128(_mm_cmpgt_epi8(b, nine), gap));
+    _mm_storeu_si128((__m128i *)(void *)p, a);
+    _mm_storeu_si128((__m128i *)(void *)(p + 16), b);
+}
+#endif
+
 char *jw_hex_at(char *p, const uint8_t *bytes, size_t n)
 {
     size_t i = 0;
+#if defined(__SSE2__)
+    for (; i + 16 <= n; i += 16, p += 32)
+        hex16_at(p, bytes + i);
+#endif
     /* Four bytes a step: eight digits computed in one word, stored once. */
     for (; i + 4 <= n; i += 4, p += 8) {
         uint32_t v = (uint32_t)bytes[i] | (uint32_t)bytes[i + 1] << 8 |
