@@ -47,6 +47,10 @@ What must hold after every restart:
   daemon becomes ready;
 * both sources converge to what the directory and the Redis server hold.
 
+A second test tears a journal inside a fleet batch that took several
+records (TornFleetBatch): the batch must be dropped whole, the cursor
+must stay at the batch before, and the emitter's replay applies it once.
+
 A third of the rounds use a small snapshot_journal_bytes, so the kill also
 lands while snapshot children run and journals rotate. After one round in
 ten the test appends the start of a record that was never finished to the
@@ -1002,6 +1006,109 @@ class CrashConsistency(unittest.TestCase):
                          c("emitter_restarts")))
         self.assertGreater(c("ack_put_batch") + c("ack_put_single"), 0)
         self.assertGreater(c("ack_events_requests"), 0)
+
+
+class TornFleetBatch(unittest.TestCase):
+    """A store batch big enough for several journal records (its token ids
+    pass the 1 MiB a record holds), torn inside its last record as a write
+    cut short by a crash leaves it: the restart logs the torn tail and the
+    dropped batch, applies none of its entries and leaves the cursor at
+    the batch before; the emitter's replay applies it once, and it stays
+    applied once over the next kill -9 and restarts."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kvidx-crash-torn-")
+        self.d = None
+
+    def tearDown(self):
+        if self.d is not None:
+            self.d.kill()
+            shutil.rmtree(self.d.tmp, ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def start(self):
+        self.d = Daemon(settings={"data_dir": self.dir, "fsync": "always"}, start_timeout=60)
+        return self.d
+
+    def kill9(self):
+        self.d.proc.send_signal(signal.SIGKILL)
+        self.d.proc.wait(10)
+        self.d.kill()
+        shutil.rmtree(self.d.tmp, ignore_errors=True)
+
+    def stop(self):
+        self.assertEqual(self.d.stop(), 0, self.d.log()[-3000:])
+        self.d.kill()
+        shutil.rmtree(self.d.tmp, ignore_errors=True)
+
+    def journal(self):
+        js = sorted(n for n in os.listdir(self.dir) if re.match(r"^journal-[0-9a-f]{16}\.kvj$", n))
+        return os.path.join(self.dir, js[-1])
+
+    def state(self):
+        d = self.d
+        keys = post_json(d.addr[0], d.addr[1], "GET", "/directory/keys?limit=10000", None)[1]
+        streams = post_json(d.addr[0], d.addr[1], "GET", "/directory/streams", None)[1]
+        rows = {canon(r["key"]): (r["num_tokens"], sorted((p["instance_id"], p["tier"],
+                                                            p["backend"], p["size_bytes"])
+                                                           for p in r["placements"]))
+                for r in keys["keys"]}
+        c = streams["streams"][0]
+        return rows, (c["incarnation"], c["last_seq"], c["gap_detected"], c["applied"])
+
+    def test_torn_inside_a_batch_of_several_records(self):
+        d = self.start()
+        e = Emitter(d.addr[0], d.addr[1], "mp-torn", incarnation=7)
+        e.store("l1", "dram", key(DIR_MODEL, 1), 10)
+        self.assertEqual(e.flush(), (200, {"applied": 1, "duplicates": 0, "stale": 0}))
+        before = os.path.getsize(self.journal())
+        n = 1500
+        for i in range(n):
+            e.store("l2", "fs", key(DIR_MODEL, 1000 + i), 20, token_ids=range(256),
+                    token_offset=0)
+        big = {"batches": e._take()}
+        st, ans = post_json(d.addr[0], d.addr[1], "POST", "/events", big, timeout=60)
+        self.assertEqual((st, ans), (200, {"applied": 1, "duplicates": 0, "stale": 0}))
+        self.kill9()
+        path = self.journal()
+        with open(path, "rb") as f:
+            data = f.read()
+        recs, off = [], before
+        while off + 8 <= len(data):
+            recs.append(off)
+            off += 8 + struct.unpack_from("<I", data, off)[0]
+        self.assertEqual(off, len(data), "the journal does not end at a record's end")
+        self.assertGreaterEqual(len(recs), 2, "the batch fits one record: no tear inside it")
+        # Cut inside the batch's last record: as if it had not been written
+        # whole, and never acknowledged.
+        with open(path, "r+b") as f:
+            f.truncate(recs[-1] + 8 + 100)
+        d = self.start()
+        log = d.log()
+        self.assertRegex(log, r"torn or corrupt record at byte %d of %d;"
+                         % (recs[-1], recs[-1] + 108))
+        self.assertIn("a fleet event batch at the end of a journal was incomplete", log)
+        rows, cursor = self.state()
+        self.assertEqual(set(rows), {canon(key(DIR_MODEL, 1))}, "a part of the torn batch stayed")
+        self.assertEqual(cursor, (7, 1, False, 1))
+        # The emitter sends it again: applied now, once.
+        st, ans = post_json(d.addr[0], d.addr[1], "POST", "/events", big, timeout=60)
+        self.assertEqual((st, ans), (200, {"applied": 1, "duplicates": 0, "stale": 0}))
+        want = self.state()
+        self.assertEqual(len(want[0]), n + 1)
+        self.assertEqual(want[0][canon(key(DIR_MODEL, 1000))],
+                         (256, [("mp-torn", "l2", "fs", 20)]))
+        self.assertEqual(want[1], (7, 2, False, 2))
+        # Over a kill -9 and a clean restart: the same, the replay a duplicate.
+        self.kill9()
+        d = self.start()
+        self.assertEqual(self.state(), want)
+        st, ans = post_json(d.addr[0], d.addr[1], "POST", "/events", big, timeout=60)
+        self.assertEqual((st, ans), (200, {"applied": 0, "duplicates": 1, "stale": 0}))
+        self.stop()
+        d = self.start()
+        self.assertEqual(self.state(), want)
+        self.stop()
 
 
 if __name__ == "__main__":
