@@ -11,11 +11,15 @@ SIGKILL, start again. The load is one thread per kind of writer:
   single PUT /v1/keys/{key}, DELETE /v1/keys batches and single DELETEs of
   keys they stored; the third pipelines 2-6 of these on one keep-alive
   connection, so that one fsync covers several answers;
-* two event emitters (lmcache_emitter.Emitter, fixed incarnations, so a
-  kvidxd restart fences nothing): store and delete batches posted to
-  /events; now and then a batch of an older incarnation (answered stale),
-  and one instance skips a flush once on purpose (a gap, expected);
-* a registrar: POST /instances of new ids and DELETE /instances/{id};
+* two event threads, two streams each (lmcache_emitter.Emitter; a kvidxd
+  restart changes no incarnation): store and delete batches posted to
+  /events; one stream also names keys no other stream names, with shared
+  placements and token ids; now and then a batch of an older incarnation
+  (answered stale) and a restart of the server behind a stream (the next
+  incarnation, seqs from 1, its L1 placements fenced); one stream skips a
+  flush once on purpose (a gap, expected);
+* a registrar: POST /instances of new ids and of registered ones (a new
+  port: re_registered), DELETE /instances/{id};
 * a file writer in the fs: source's directory (a temporary name renamed
   onto the .data name, renames from one key's name to another's, unlinks)
   and a Redis writer (SET, DEL) against our own redis-server.
@@ -27,8 +31,9 @@ What must hold after every restart:
   listing of the API's keys equals the reference exactly; each /events
   answer was the reference's applied/duplicates/stale; the directory's
   keys and placements equal the reference (no placement twice, counts
-  equal /directory/stats); GET /instances lists exactly the acknowledged
-  registrations;
+  equal /directory/stats, token counts as the reference's); GET /instances
+  lists exactly the acknowledged registrations, each with the
+  registration_time it was first listed with;
 * a write in flight at the kill (sent, no answer) may or may not be
   applied, but whole or not at all: a PUT or DELETE batch is found
   entirely applied or entirely not (and of pipelined requests, those
@@ -58,9 +63,10 @@ newest journal (a write cut short), and the restart must log it as a torn
 tail and lose nothing acknowledged.
 
 Rounds: 50 (KVIDX_CRASH_ROUNDS overrides), in the ASan build as well:
-a round is mostly load time (0-300 ms) and a start, and the ASan build
-ran 50 rounds in about 18 s against 14-24 s for the normal one on the
-2-core machine, so it needs no fewer. Whether $KVIDXD is an ASan build
+a round is mostly load time (0-300 ms), a start and the checks, and on
+the 2-core machine the ASan build ran 50 rounds in 25-37 s against 18-34 s
+for the normal one (the higher figures with a second run beside it), so
+it needs no fewer. Whether $KVIDXD is an ASan build
 (it imports __asan_init, or links libasan) is printed with the rounds
 run. Seed: KVIDX_CRASH_SEED, else random; printed. The Redis part is
 skipped (said in the output) when redis-server is not installed. At the end
