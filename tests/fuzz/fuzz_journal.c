@@ -70,7 +70,8 @@ static void snapshot(const uint8_t *p, size_t n)
     int rc = ok ? 1 : KVIDX_EINVAL, src;
     uint64_t keys = 0;
     while ((src = kvidx_snapshot_next(&s, &srec)) == 1) {
-        check(srec.type == KVIDX_JREC_KEY || srec.type == KVIDX_JREC_LAYOUT_PUT);
+        check(srec.type == KVIDX_JREC_KEY || srec.type == KVIDX_JREC_LAYOUT_PUT ||
+              srec.type == KVIDX_JREC_DIR);
         if (srec.type == KVIDX_JREC_KEY) {
             check(srec.tiers != 0 && srec.key.model_len >= 1);
             keys++;
