@@ -23,9 +23,11 @@
  * tests/fuzz/fuzz_daemon_keyscan.c check this differentially. Keys point
  * into the request body, never into memory freed here.
  *
- * Speed: strings are scanned a word at a time, member names are matched as
- * literals, and a model name with the bytes of the previous key's (which
- * was scanned and checked) is matched by one memcmp and not checked again.
+ * Speed: strings are scanned sixteen bytes a step (a word at a time
+ * without SSE2), member names are matched as literals, a key is built in
+ * place without an intermediate record, and a model name or salt with the
+ * bytes of the previous key's (which was scanned and checked) is matched
+ * by one memcmp, not checked again, and shares that key's pointer.
  */
 #include "util/keyscan.h"
 
@@ -35,6 +37,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 struct cur {
     const char *p, *e;
@@ -56,8 +62,12 @@ static int is_ws(char c)
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
-static void skip_ws(struct cur *c)
+static inline void skip_ws(struct cur *c)
 {
+    /* Between the tokens of a compact body there is no white space: one
+     * compare says so (every JSON white space byte is at most ' '). */
+    if (c->p < c->e && (unsigned char)*c->p > ' ')
+        return;
     while (c->p < c->e && is_ws(*c->p))
         c->p++;
 }
@@ -101,6 +111,29 @@ static int plain_string(struct cur *c, const char **s, size_t *n)
         return -1;
     p++;
     const char *q = p;
+#if defined(__SSE2__)
+    /* Sixteen bytes a step: a quote, a backslash or a byte below 0x20
+     * (its top three bits clear). */
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
+    const __m128i top3 = _mm_set1_epi8((char)0xe0), zero = _mm_setzero_si128();
+    while (e - q >= 16) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)q);
+        __m128i hit =
+            _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, bslash)),
+                         _mm_cmpeq_epi8(_mm_and_si128(x, top3), zero));
+        unsigned m = (unsigned)_mm_movemask_epi8(hit);
+        if (m) {
+            q += __builtin_ctz(m);
+            if (*q != '"')
+                return -1;
+            *s = p;
+            *n = (size_t)(q - p);
+            c->p = q + 1;
+            return 0;
+        }
+        q += 16;
+    }
+#endif
     for (;;) {
         if (e - q >= 8) {
             uint64_t x = load_le64(q);
@@ -134,10 +167,11 @@ static int plain_number(struct cur *c, double *v)
     const char *p = c->p, *e = c->e;
     uint64_t x = 0;
     size_t nd = 0;
-    while (p < e && *p >= '0' && *p <= '9') {
+    unsigned d;
+    while (p < e && (d = (unsigned)((unsigned char)*p - '0')) < 10) {
         if (++nd > 15)
             return -1;
-        x = x * 10 + (uint64_t)(*p - '0');
+        x = x * 10 + d;
         p++;
     }
     if (nd == 0 || (nd > 1 && c->p[0] == '0'))

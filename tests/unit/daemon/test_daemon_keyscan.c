@@ -1042,3 +1042,46 @@ Test(keyscan, generated_and_mutated_store_bodies_agree)
     buf_free(&b);
     buf_free(&m);
 }
+
+/* Strings are scanned several bytes a step: a quote, a backslash, a raw
+ * control byte or a stray UTF-8 lead byte at any offset of a long model
+ * name, salt or hash (and a second key's model equal to the first one's
+ * but for that byte) must give what cJSON gives. Each template is cut at
+ * "@": the long string goes between the pieces. */
+Test(keyscan, special_bytes_at_every_offset_of_long_strings)
+{
+    static const char *const templates[] = {
+        "{\"keys\":[{\"model_name\":\"@\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"}]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"ab\","
+        "\"cache_salt\":\"@\"}]}",
+        "{\"keys\":[{\"model_name\":\"0123456789abcdef0123456789abcdef0123456789abcdef\","
+        "\"kv_rank\":1,\"chunk_hash_hex\":\"ab\"},"
+        "{\"model_name\":\"@\",\"kv_rank\":2,\"chunk_hash_hex\":\"cd\"}]}",
+        "{\"keys\":[{\"model_name\":\"m\",\"kv_rank\":1,\"chunk_hash_hex\":\"@\"}]}",
+    };
+    static const char specials[] = {'"', '\\', 0x01, 0x1f, 0x0a, (char)0xc3, 'x'};
+    enum { LEN = 48 };
+    for (size_t t = 0; t < sizeof(templates) / sizeof(templates[0]); t++) {
+        const char *cut = strchr(templates[t], '@');
+        cr_assert_not_null(cut);
+        size_t head = (size_t)(cut - templates[t]), tail = strlen(cut + 1);
+        for (size_t at = 0; at < LEN; at++) {
+            for (size_t b = 0; b < sizeof(specials); b++) {
+                char body[512];
+                cr_assert(head + LEN + tail < sizeof(body));
+                memcpy(body, templates[t], head);
+                for (size_t i = 0; i < LEN; i++)
+                    body[head + i] = "0123456789abcdef"[i % 16];
+                body[head + at] = specials[b];
+                memcpy(body + head + LEN, cut + 1, tail);
+                size_t n = head + LEN + tail;
+                /* diff_check asserts that a body taken on the fast path
+                 * gives cJSON's keys and tree. Only 'x' leaves a valid
+                 * string (a name byte, not a hex digit). */
+                int want = specials[b] == 'x' && t != 3;
+                cr_assert_eq(diff_check(body, n, NULL), want, "byte 0x%02x at %zu of template %zu",
+                             (unsigned char)specials[b], at, t);
+            }
+        }
+    }
+}
