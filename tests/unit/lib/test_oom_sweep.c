@@ -1201,6 +1201,10 @@ enum { DR_BLOBS = 16 };
 
 static struct {
     kvidx_directory_t *d, *d2; /* d2: what the replay of d's journal built */
+    kvidx_directory_t *d3;     /* what the replay of some of d's state records built */
+    uint8_t *sblob[7];         /* those records: 2 keys, 2 bindings, an instance, ... */
+    size_t sblob_len[7], nsblobs;
+    int skept[6]; /* per record type */
     kvidx_dir_replay_t rp;
     int rp_open;
     uint8_t *blob[DR_BLOBS];
@@ -1226,6 +1230,9 @@ static uint64_t dir_fp(const kvidx_directory_t *d)
 static uint64_t dr_fp(void)
 {
     uint64_t h = fold64(fold64(dir_fp(DR.d), dir_fp(DR.d2)), DR.out);
+    h = fold64(h, dir_fp(DR.d3));
+    for (size_t j = 0; j < DR.nsblobs; j++)
+        h = fingerprint_bytes(h, DR.sblob[j], DR.sblob_len[j]);
     if (DR.rp_open) {
         const kvidx_dir_replay_t *r = &DR.rp;
         h = fold64(h, r->total ^ r->have << 32 ^ (uint64_t)r->open << 63);
@@ -1240,6 +1247,8 @@ static int dr_check(void)
 {
     if (DR.d && kvidx_directory_check(DR.d))
         return KVIDX_EINTERNAL;
+    if (DR.d3 && kvidx_directory_check(DR.d3))
+        return KVIDX_EINTERNAL;
     return DR.d2 ? kvidx_directory_check(DR.d2) : 0;
 }
 
@@ -1247,6 +1256,9 @@ static void dr_teardown(void)
 {
     kvidx_directory_free(DR.d);
     kvidx_directory_free(DR.d2);
+    kvidx_directory_free(DR.d3);
+    for (size_t j = 0; j < DR.nsblobs; j++)
+        free(DR.sblob[j]);
     if (DR.rp_open)
         kvidx_dir_replay_free(&DR.rp);
     for (size_t j = 0; j < DR.nblobs; j++)
@@ -1514,8 +1526,15 @@ static int dr_record_cb(void *ctx, const kvidx_dir_record_t *rec)
     (void)ctx;
     size_t before = DR.nblobs;
     int rc = kvidx_dir_record_encode(rec, 4096, dr_emit, NULL);
+    static const int keep[6] = {0, 1, 1, 1, 2, 2}; /* by kvidx_dir_rec_type_t */
     for (size_t j = before; j < DR.nblobs; j++) {
         DR.out = fingerprint_bytes(DR.out, DR.blob[j], DR.blob_len[j]);
+        if (j == before && DR.skept[rec->type] < keep[rec->type]) {
+            DR.skept[rec->type]++;
+            DR.sblob[DR.nsblobs] = DR.blob[j];
+            DR.sblob_len[DR.nsblobs++] = DR.blob_len[j];
+            continue;
+        }
         free(DR.blob[j]);
     }
     DR.nblobs = before;
@@ -1526,12 +1545,17 @@ static int dr_dump(void)
 {
     uint64_t out = DR.out;
     int rc = kvidx_directory_dump(DR.d, dr_record_cb, NULL);
-    if (rc)
+    if (rc) {
         DR.out = out;
+        for (size_t j = 0; j < DR.nsblobs; j++)
+            free(DR.sblob[j]);
+        DR.nsblobs = 0;
+        memset(DR.skept, 0, sizeof(DR.skept));
+    }
     return rc;
 }
 
-#define DR_STEPS 44
+#define DR_STEPS 52
 
 static int dr_step(int i)
 {
@@ -1600,6 +1624,20 @@ static int dr_step(int i)
     case 43:
         kvidx_directory_expire(DR.d, 100000, 1000, NULL);
         return 0;
+    case 44: {
+        kvidx_dir_options_t o = {.has_seed = 1};
+        DR.d3 = NULL;
+        return kvidx_directory_new(&o, &DR.d3);
+    }
+    case 45:
+    case 46:
+    case 47:
+    case 48:
+    case 49:
+    case 50:
+    case 51: /* the kept state records replayed into d3 */
+        cr_assert_eq(DR.nsblobs, 7);
+        return kvidx_dir_replay_blob(&DR.rp, DR.d3, DR.sblob[i - 45], DR.sblob_len[i - 45]);
     default: /* 31..39: the journal's blobs replayed into d2 */
         return dr_replay((size_t)(i - 31));
     }
