@@ -441,11 +441,11 @@ static int ix_delete(int i, kvidx_tier_t tier, int force)
     return rc;
 }
 
-static int ix_source_put(unsigned s, int from, int to)
+static int ix_source_put(unsigned s, int from, int to, uint64_t odd_size)
 {
     static uint64_t sizes[IX_N];
     for (int i = from; i < to; i++)
-        sizes[i - from] = 10;
+        sizes[i - from] = i % 2 && i < 460 * S ? odd_size : 10;
     return kvidx_index_source_put(IX.idx, s, IX.u + from, sizes, (size_t)(to - from), NULL);
 }
 
@@ -460,10 +460,15 @@ static int ix_step(int i)
         o.has_seed = 1;
         for (int j = 0; j < IX_N; j++) {
             IX.u[j] = key_of(j);
-            /* Half of the bulk load's second part in a namespace of its own. */
+            /* Half of the bulk load's second part, and a source's new
+             * keys, in namespaces of their own. */
             if (j >= 400 * S && j < 460 * S && j % 2) {
                 IX.u[j].model = "loaded";
                 IX.u[j].model_len = 6;
+            }
+            if (j >= 500 * S && j < 520 * S && j % 3 == 0) {
+                IX.u[j].model = "src";
+                IX.u[j].model_len = 3;
             }
         }
         IX.idx = NULL;
@@ -482,7 +487,7 @@ static int ix_step(int i)
     case 5:
         return ix_load();
     case 6:
-        return ix_source_put(IX.s0, 420 * S, 520 * S);
+        return ix_source_put(IX.s0, 420 * S, 520 * S, 12) /* resizes L1 copies */;
     case 7:
         return ix_list(NULL);
     case 8: {
@@ -525,11 +530,11 @@ static int ix_step(int i)
     case 23:
         return kvidx_index_source_add(IX.idx, &IX.s1);
     case 24:
-        return ix_source_put(IX.s1, 500 * S, 560 * S);
+        return ix_source_put(IX.s1, 500 * S, 560 * S, 10);
     case 25:
         return kvidx_index_source_resync_begin(IX.idx, IX.s0);
     case 26:
-        return ix_source_put(IX.s0, 440 * S, 480 * S);
+        return ix_source_put(IX.s0, 440 * S, 480 * S, 10);
     case 27:
         return kvidx_index_source_resync_end(IX.idx, IX.s0, NULL);
     case 28: {
@@ -1555,7 +1560,7 @@ static int dr_dump(void)
     return rc;
 }
 
-#define DR_STEPS 52
+#define DR_STEPS 54
 
 static int dr_step(int i)
 {
@@ -1638,6 +1643,9 @@ static int dr_step(int i)
     case 51: /* the kept state records replayed into d3 */
         cr_assert_eq(DR.nsblobs, 7);
         return kvidx_dir_replay_blob(&DR.rp, DR.d3, DR.sblob[i - 45], DR.sblob_len[i - 45]);
+    case 52:
+    case 53: /* under the token cap, after a deregistration */
+        return dr_store(i - 46);
     default: /* 31..39: the journal's blobs replayed into d2 */
         return dr_replay((size_t)(i - 31));
     }
