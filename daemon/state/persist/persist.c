@@ -30,7 +30,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -122,8 +121,14 @@ int persist_ack(const struct request *req, struct response *res)
 
 /* ---- open, stop, free ---- */
 
-/* Takes data_dir/lock (flock, exclusive, not waiting): one kvidxd a
- * directory. 0, or KVIDX_EINTERNAL (logged). */
+/* Takes data_dir/lock (a POSIX record lock over the whole file, exclusive,
+ * not waiting): one kvidxd a directory. 0, or KVIDX_EINTERNAL (logged).
+ * A record lock belongs to the process, not to the open file: a snapshot
+ * child shares the descriptor from fork() until it closes it, and with
+ * flock() it would hold the lock after its parent was killed until it
+ * died too, so that a restart right after a kill -9 could be refused.
+ * No other descriptor of the file is ever opened (closing one would drop
+ * a record lock). */
 static int lock_dir(struct persist *p)
 {
     char path[PATHN];
@@ -140,8 +145,12 @@ static int lock_dir(struct persist *p)
         log_error("refusing to start: %s", w.msg);
         return KVIDX_EINTERNAL;
     }
-    if (flock(p->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-        if (errno == EWOULDBLOCK)
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET; /* l_start and l_len 0: the whole file */
+    if (fcntl(p->lock_fd, F_SETLK, &fl) != 0) {
+        if (errno == EACCES || errno == EAGAIN)
             log_error("refusing to start: data_dir %s is in use by another kvidxd (%s is locked)",
                       p->dir, path);
         else

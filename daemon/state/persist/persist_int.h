@@ -79,7 +79,7 @@ struct persist {
     struct layouts *layouts;
     char dir[1024];
     enum fsync_policy policy;
-    int lock_fd; /* data_dir/lock, flock'ed for the life of the process */
+    int lock_fd; /* data_dir/lock, record-locked for the life of the process */
 
     /* ---- loop thread only ---- */
     struct buf stage;       /* records encoded this loop turn */
