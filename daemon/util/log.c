@@ -84,6 +84,27 @@ static void write_all(const char *p, size_t n)
     }
 }
 
+/* Out of memory: the message still goes out, formatted on the stack and
+ * cut at 400 bytes, with control bytes (and, for JSON, quotes and
+ * backslashes) shown as '?', so the reason a daemon stops is never lost. */
+static void write_fallback(const char *ts, int level, const char *fmt, va_list ap)
+{
+    char m[400], out[600];
+    vsnprintf(m, sizeof(m), fmt, ap);
+    for (char *c = m; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f ||
+            (cur_format == LOG_JSON && (*c == '"' || *c == '\\')))
+            *c = '?';
+    int n;
+    if (cur_format == LOG_JSON)
+        n = snprintf(out, sizeof(out), "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"%s\"}\n", ts,
+                     level_names[level], m);
+    else
+        n = snprintf(out, sizeof(out), "%s %s %s (out of memory)\n", ts, level_names[level], m);
+    if (n > 0)
+        write_all(out, (size_t)n < sizeof(out) ? (size_t)n : sizeof(out) - 1);
+}
+
 void log_msg(enum log_level level, const char *fmt, ...)
 {
     if (!log_enabled(level))
@@ -96,8 +117,9 @@ void log_msg(enum log_level level, const char *fmt, ...)
     struct buf msg, line;
     buf_init(&msg);
     buf_init(&line);
-    va_list ap;
+    va_list ap, again;
     va_start(ap, fmt);
+    va_copy(again, ap);
     buf_vprintf(&msg, fmt, ap);
     va_end(ap);
     const char *m = msg.data ? msg.data : "";
@@ -121,13 +143,11 @@ void log_msg(enum log_level level, const char *fmt, ...)
         put_text(&line, m, msg.len);
     }
     buf_putc(&line, '\n');
-    if (line.failed) {
-        /* Out of memory: still say something, without allocating. */
-        static const char oom[] = "log: out of memory formatting a message\n";
-        write_all(oom, sizeof(oom) - 1);
-    } else {
+    if (line.failed || msg.failed)
+        write_fallback(ts, level, fmt, again);
+    else
         write_all(line.data, line.len);
-    }
+    va_end(again);
     buf_free(&msg);
     buf_free(&line);
 }
