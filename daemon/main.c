@@ -46,6 +46,7 @@ struct daemon {
     struct opts opts;
     uv_loop_t loop;
     uv_signal_t sig_term, sig_int, sig_hup;
+    uv_poll_t fd_table; /* closed at once: see server_grow_fd_table */
     uv_timer_t watchdog;
     int watchdog_on;
     int stopping;
@@ -307,6 +308,7 @@ static int start(struct daemon *d)
         log_error("cannot initialize the event loop");
         return 1;
     }
+    server_grow_fd_table(&d->loop, d->app.cfg.max_connections, &d->fd_table);
     d->app.loop = &d->loop;
     d->app.started_ms = app_now_ms(&d->app);
     d->app.metrics = metrics_new();
@@ -323,6 +325,10 @@ static int start(struct daemon *d)
     struct server *srv = NULL;
     rc = server_start(&d->app, &srv, d->bound, sizeof(d->bound));
     if (rc < 0) {
+        /* server_start logs what the address or the socket refused; only
+         * running out of memory is left to say here. */
+        if (rc == KVIDX_ENOMEM)
+            log_error("cannot start the listener: %s", kvidx_err_title(rc));
         abandon(d, 1);
         return 1;
     }
@@ -345,6 +351,17 @@ static int start(struct daemon *d)
 static void announce(struct daemon *d)
 {
     d->app.ready = 1;
+    /* Signals first: the summary line below tells a supervisor (or a test)
+     * that the daemon is up, and a SIGHUP or SIGTERM sent the moment it
+     * appears must reach on_signal, not the default action. */
+    uv_signal_init(&d->loop, &d->sig_term);
+    uv_signal_init(&d->loop, &d->sig_int);
+    uv_signal_init(&d->loop, &d->sig_hup);
+    d->sig_term.data = d->sig_int.data = d->sig_hup.data = d;
+    uv_signal_start(&d->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&d->sig_int, on_signal, SIGINT);
+    uv_signal_start(&d->sig_hup, on_signal, SIGHUP);
+
     /* One summary line: version, the address really bound, and every
      * setting that differs from its default. */
     struct config defaults;
@@ -356,14 +373,6 @@ static void announce(struct daemon *d)
              d->bound, sd_listen_fds() > 0 ? " (socket activation)" : "",
              changed.len ? changed.data : " none");
     buf_free(&changed);
-
-    uv_signal_init(&d->loop, &d->sig_term);
-    uv_signal_init(&d->loop, &d->sig_int);
-    uv_signal_init(&d->loop, &d->sig_hup);
-    d->sig_term.data = d->sig_int.data = d->sig_hup.data = d;
-    uv_signal_start(&d->sig_term, on_signal, SIGTERM);
-    uv_signal_start(&d->sig_int, on_signal, SIGINT);
-    uv_signal_start(&d->sig_hup, on_signal, SIGHUP);
 
     uint64_t wd = sd_watchdog_usec();
     if (wd > 0) {

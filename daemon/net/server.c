@@ -18,7 +18,8 @@
  *
  * libuv keeps a table indexed by descriptor number and grows it when a
  * larger descriptor is first watched; it aborts when that growth cannot
- * allocate. server_start grows it once, to cover every descriptor the
+ * allocate. server_grow_fd_table grows it once at start, before anything
+ * else (a journal, a source) exists, to cover every descriptor the
  * connections can use (max_connections plus the rejecting ones plus some
  * headroom, at most the descriptor limit), so that taking a connection under
  * memory pressure never needs that allocation.
@@ -59,7 +60,6 @@ struct server {
     uv_tcp_t listener;
     uv_timer_t drain_timer;
     uv_tcp_t spare;
-    uv_poll_t reserve;  /* watches a high descriptor once, to grow libuv's table */
     int spare_busy;     /* the spare is open or closing */
     int accept_pending; /* a connection waits for the spare to be free */
     int listener_open, handles_open;
@@ -276,9 +276,9 @@ static void on_reserve(uv_poll_t *p, int status, int events)
  * descriptor numbered n-1 sizes it for n; the handle is closed at once and
  * the table keeps its size. Best effort: on any failure the table grows
  * on demand as before. */
-static void reserve_watchers(struct server *s)
+void server_grow_fd_table(uv_loop_t *loop, uint64_t max_connections, uv_poll_t *h)
 {
-    uint64_t want = (uint64_t)s->app->cfg.max_connections + MAX_REJECTING + FD_HEADROOM;
+    uint64_t want = max_connections + MAX_REJECTING + FD_HEADROOM;
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want)
         want = rl.rlim_cur;
@@ -291,11 +291,9 @@ static void reserve_watchers(struct server *s)
     close(sock);
     if (high < 0)
         return;
-    if (uv_poll_init_socket(s->app->loop, &s->reserve, high) == 0) {
-        s->reserve.data = s;
-        s->handles_open++;
-        uv_poll_start(&s->reserve, UV_READABLE, on_reserve);
-        uv_close((uv_handle_t *)&s->reserve, on_server_handle_closed);
+    if (uv_poll_init_socket(loop, h, high) == 0) {
+        uv_poll_start(h, UV_READABLE, on_reserve);
+        uv_close((uv_handle_t *)h, NULL);
     }
     close(high);
 }
@@ -342,7 +340,6 @@ int server_start(struct app *app, struct server **out, char *bound, size_t cap)
         server_close(s);
         return KVIDX_EINVAL;
     }
-    reserve_watchers(s);
     struct sockaddr_storage ss;
     int len = sizeof(ss);
     memset(&ss, 0, sizeof(ss));

@@ -263,10 +263,33 @@ int persist_open(struct app *app)
     return persist_start(app, p);
 }
 
+/* A start that fails after restore opened the new generation (a later
+ * subsystem or the listener could not start) wrote nothing into it: it is
+ * removed, or every failed start (a restart loop under memory pressure)
+ * would leave one more journal for the next start to replay. The next start
+ * gives its journal the same number: generations come from the snapshot's
+ * and the remaining journals' numbers. Nothing is written before the daemon
+ * is ready (restore reads, the loop has not run), so the file holds only
+ * its header; the descriptor stays open for the writer thread. */
+static void drop_unused_journal(const struct app *app, struct persist *p)
+{
+    if (app->ready || p->fd < 0 || p->journal_dropped)
+        return;
+    char name[64], path[PATHN];
+    journal_name(p->cur_gen, name, sizeof(name));
+    path_of(p->dir, name, path, sizeof(path));
+    p->journal_dropped = 1;
+    if (unlink(path) == 0)
+        fsync_dir(p->dir, NULL);
+}
+
 void persist_stop(struct app *app)
 {
     struct persist *p = app->persist;
-    if (!p || !p->handles_open)
+    if (!p)
+        return;
+    drop_unused_journal(app, p);
+    if (!p->handles_open)
         return;
     hand_over(p);
     p->handles_open = 0;

@@ -135,6 +135,7 @@ struct persist {
     int fd;
     uint64_t wgen;
     off_t good_len;
+    int journal_dropped; /* a failed start removed its empty journal */
 };
 
 /* ---- files.c ---- */

@@ -377,6 +377,13 @@ static int snapshot_load(struct persist *p, struct restore_counts *c)
     int rc = load_snapshot(p, path, p->idx, p->layouts, &c->snap, &why);
     if (rc == 0 || rc == KVIDX_ENOTFOUND)
         return 0;
+    /* Running out of memory is no proof that the file is damaged: no
+     * advice to move it away, which could lose its keys for nothing. */
+    if (rc == KVIDX_ENOMEM) {
+        log_error("refusing to start: loading the snapshot %s: %s; the file is left as it is", path,
+                  why ? why : "out of memory");
+        return KVIDX_ENOMEM;
+    }
     log_error("refusing to start: the snapshot %s is not usable: %s. Move it away to start "
               "from the journals alone (keys it held would be lost).",
               path, why ? why : kvidx_err_title(rc));
