@@ -479,7 +479,10 @@ typedef struct hcache {
 static inline uint64_t tk_hash_cached(const kvidx_index_t *idx, hcache_t *c, uint32_t ns_id,
                                       const tkey_t *t)
 {
+    /* Key-form batches name a new hash with every key: the first word
+     * usually tells, before the whole compare. */
     if (!c->a_valid || c->ns_id != ns_id || c->group != t->group || c->hash_len != t->hash_len ||
+        (t->hash_len >= 8 && kvidx_le64(c->hash) != kvidx_le64(t->hash)) ||
         !hash_eq(c->hash, t->hash, t->hash_len)) {
         c->a = hash_a(idx, ns_id, t);
         c->a_valid = 1;
