@@ -236,7 +236,9 @@ static size_t number_span(const struct cur *c)
     return i;
 }
 
-/* Any JSON number of at most 40 bytes, through strtod as cJSON reads it. */
+/* Any JSON number of at most 40 bytes, through strtod as cJSON reads it
+ * (cJSON hands strtod the locale's decimal point; the daemon never leaves
+ * the C locale, whose point is '.'). */
 static int double_value(struct cur *c, double *out)
 {
     size_t n = number_span(c);
@@ -334,10 +336,6 @@ static int next_member(struct cur *c)
     return rc;
 }
 
-/* The member name at c->p and its ':', consumed, with the white space
- * after: the index of the name in names (each written with its quotes,
- * "\"key\""), n for a plain name not there, or -1. A known name matches
- * as a literal first; only other names are scanned. */
 struct lit {
     const char *s;
     size_t n;
@@ -346,6 +344,11 @@ struct lit {
     {                                                                                              \
         "\"" name "\"", sizeof(name) + 1                                                           \
     }
+
+/* The member name at c->p and its ':', consumed, with the white space
+ * after: the index of the name in names (each written with its quotes,
+ * "\"key\""), n for a plain name not there, or -1. A known name matches
+ * as a literal first; only other names are scanned. */
 
 static int member_name(struct cur *c, const struct lit *names, int n)
 {
@@ -369,6 +372,76 @@ static int member_name(struct cur *c, const struct lit *names, int n)
         id = n;
     }
     if (expect(c, ':') != 0)
+        return -1;
+    skip_ws(c);
+    return id;
+}
+
+/* The hot objects' names, as literals of constant length (compared
+ * inline): the index, or n when the name at c->p is none of them. */
+#define TRY(lit, id)                                                                               \
+    if (left >= sizeof(lit) - 1 && memcmp(c->p, lit, sizeof(lit) - 1) == 0) {                      \
+        c->p += sizeof(lit) - 1;                                                                   \
+        return id;                                                                                 \
+    }
+
+static inline int key_name(struct cur *c)
+{
+    size_t left = (size_t)(c->e - c->p);
+    switch (left >= 2 ? c->p[1] : 0) {
+    case 'm':
+        TRY("\"model_name\"", 0)
+        break;
+    case 'k':
+        TRY("\"kv_rank\"", 1)
+        break;
+    case 'c':
+        TRY("\"chunk_hash_hex\"", 2)
+        TRY("\"cache_salt\"", 3)
+        break;
+    case 'o':
+        TRY("\"object_group_id\"", 4)
+        break;
+    default:
+        break;
+    }
+    return 5;
+}
+
+static inline int entry_name(struct cur *c)
+{
+    size_t left = (size_t)(c->e - c->p);
+    switch (left >= 2 ? c->p[1] : 0) {
+    case 'k':
+        TRY("\"key\"", 0)
+        break;
+    case 's':
+        TRY("\"size_bytes\"", 1)
+        break;
+    case 't':
+        TRY("\"token_ids\"", 2)
+        TRY("\"token_offset\"", 3)
+        break;
+    default:
+        break;
+    }
+    return 4;
+}
+#undef TRY
+
+/* After a quick matcher: a name it did not know is scanned (id n); then
+ * the ':' and the white space after it. The id, or -1. */
+static inline int name_tail(struct cur *c, int id, int n)
+{
+    if (id == n) {
+        const char *s;
+        size_t sl;
+        if (plain_string(c, &s, &sl) != 0)
+            return -1;
+    }
+    if (c->p < c->e && *c->p == ':')
+        c->p++;
+    else if (expect(c, ':') != 0)
         return -1;
     skip_ws(c);
     return id;
@@ -411,13 +484,11 @@ static int key_object(struct cur *c, kvidx_key_t *k, const kvidx_key_t *prev)
         in.valid_salt = prev->salt;
         in.valid_salt_len = prev->salt_len;
     }
-    static const struct lit names[] = {LIT("model_name"), LIT("kv_rank"), LIT("chunk_hash_hex"),
-                                       LIT("cache_salt"), LIT("object_group_id")};
     kvidx_field_t *const slots[] = {&in.model_name, &in.kv_rank, &in.chunk_hash_hex, &in.cache_salt,
                                     &in.object_group_id};
     int rc = open_object(c);
     for (; rc == 1; rc = next_member(c)) {
-        int id = member_name(c, names, 5);
+        int id = name_tail(c, key_name(c), 5);
         if (id < 0 || id == 5)
             return -1;
         kvidx_field_t *f = slots[id];
@@ -494,12 +565,10 @@ static int entry_object(struct sc *s)
     memset(en, 0, sizeof(*en));
     en->token_offset = KVIDX_DIR_UNKNOWN_OFFSET;
     const kvidx_key_t *prev = o->ne ? &o->entries[o->ne - 1].key : NULL;
-    static const struct lit names[] = {LIT("key"), LIT("size_bytes"), LIT("token_ids"),
-                                       LIT("token_offset")};
     unsigned seen = 0;
     int rc = open_object(c);
     for (; rc == 1; rc = next_member(c)) {
-        int bad, id = member_name(c, names, 4);
+        int bad, id = name_tail(c, entry_name(c), 4);
         if (id < 0) {
             return -1;
         } else if (id == 0) {
@@ -747,14 +816,18 @@ int events_scan(const char *body, size_t n, const struct app *app, struct ev_bod
     s.c.e = body + n;
     s.c.values = 1;
     s.out = out;
-    /* Sized from the body (an entry takes 60 bytes at least, a token id 2)
-     * so that a usual body needs no growth; doubling past that. */
-    size_t ecap = n / 160 + 16, tcap = n / 8 + 16;
-    if (grow((void **)&out->entries, &s.cap_e, ecap > 16384 ? 16384 : ecap,
-             sizeof(*out->entries)) != 0 ||
-        grow((void **)&out->tokens, &s.cap_t, tcap > 262144 ? 262144 : tcap,
-             sizeof(*out->tokens)) != 0 ||
-        grow((void **)&out->batches, &s.cap_b, 4, sizeof(*out->batches)) != 0)
+    /* Sized from the body so that a usual one needs no growth: an entry of
+     * LMCache's takes about 200 bytes, a token id about 7 (2 at least);
+     * capped, so that an entry-sparse body does not hold memory it never
+     * fills, and doubled past that. */
+    size_t ecap = n / 200 + 16, tcap = n / 8 + 16;
+    s.cap_e = ecap > 2048 ? 2048 : ecap;
+    s.cap_t = tcap > 262144 ? 262144 : tcap;
+    s.cap_b = 4;
+    out->entries = malloc(s.cap_e * sizeof(*out->entries));
+    out->tokens = malloc(s.cap_t * sizeof(*out->tokens));
+    out->batches = malloc(s.cap_b * sizeof(*out->batches));
+    if (!out->entries || !out->tokens || !out->batches)
         goto fallback;
     if (root_object(&s) != 0)
         goto fallback;
