@@ -143,18 +143,20 @@ static const char journal_magic[8] = {'K', 'V', 'I', 'D', 'X', 'J', 'N', 'L'};
 static const char snapshot_magic[8] = {'K', 'V', 'I', 'D', 'X', 'S', 'N', 'P'};
 static const char trailer_magic[8] = {'K', 'V', 'I', 'D', 'X', 'E', 'N', 'D'};
 
-static void file_header(const char magic[8], uint64_t gen, uint8_t out[32])
+static void file_header(const char magic[8], uint32_t version, uint64_t gen, uint8_t out[32])
 {
     memset(out, 0, 32);
     memcpy(out, magic, 8);
-    put32(out + 8, KVIDX_JOURNAL_VERSION);
+    put32(out + 8, version);
     put64(out + 16, gen);
     put32(out + 24, kvidx_crc32c(0, out, 24));
 }
 
-static int file_header_check(const char magic[8], const uint8_t *p, size_t n, uint64_t *gen)
+/* The version must be one of [oldest, newest]. */
+static int file_header_check(const char magic[8], uint32_t oldest, uint32_t newest,
+                             const uint8_t *p, size_t n, uint64_t *gen)
 {
-    if (n < 32 || memcmp(p, magic, 8) != 0 || get32(p + 8) != KVIDX_JOURNAL_VERSION ||
+    if (n < 32 || memcmp(p, magic, 8) != 0 || get32(p + 8) < oldest || get32(p + 8) > newest ||
         get32(p + 12) != 0 || get32(p + 24) != kvidx_crc32c(0, p, 24) || get32(p + 28) != 0)
         return KVIDX_EINVAL;
     *gen = get64(p + 16);
@@ -163,12 +165,12 @@ static int file_header_check(const char magic[8], const uint8_t *p, size_t n, ui
 
 void kvidx_journal_header_encode(uint64_t generation, uint8_t out[KVIDX_JOURNAL_HEADER_LEN])
 {
-    file_header(journal_magic, generation, out);
+    file_header(journal_magic, KVIDX_JOURNAL_VERSION, generation, out);
 }
 
 int kvidx_journal_header_decode(const uint8_t *p, size_t n, uint64_t *generation)
 {
-    return file_header_check(journal_magic, p, n, generation);
+    return file_header_check(journal_magic, 1, KVIDX_JOURNAL_VERSION, p, n, generation);
 }
 
 /* ---- payloads ---- */
@@ -178,7 +180,8 @@ int kvidx_journal_header_decode(const uint8_t *p, size_t n, uint64_t *generation
  * LAYOUT_PUT/DEL: type, world_size, model_len, model, [blob]
  * NS: type, model_len, salt_len, model, salt
  * SKEY: type, tiers, hash_len, group u16, rank u32, size u64, hash
- * DIR: type, blob (1..KVIDX_JREC_DIR_BLOB_MAX bytes) */
+ * DIR: type, blob (1..KVIDX_JREC_DIR_BLOB_MAX bytes)
+ * BEGIN, COMMIT: type */
 #define KEY_FIXED  19
 #define LAY_FIXED  3
 #define NS_FIXED   3
@@ -225,6 +228,9 @@ static size_t payload_size(const kvidx_jrec_t *r)
         if (r->blob_len < 1 || r->blob_len > KVIDX_JREC_DIR_BLOB_MAX || !r->blob)
             return 0;
         return 1 + r->blob_len;
+    case KVIDX_JREC_BEGIN:
+    case KVIDX_JREC_COMMIT:
+        return 1;
     default:
         return 0;
     }
@@ -271,6 +277,8 @@ int kvidx_jrec_encode(const kvidx_jrec_t *r, uint8_t *out, size_t cap, size_t *l
         memcpy(p, k->hash, k->hash_len);
     } else if (r->type == KVIDX_JREC_DIR) {
         memcpy(p + 1, r->blob, r->blob_len);
+    } else if (r->type == KVIDX_JREC_BEGIN || r->type == KVIDX_JREC_COMMIT) {
+        /* the type byte is the whole payload */
     } else {
         p[1] = r->world_size;
         p[2] = (uint8_t)k->model_len;
@@ -331,6 +339,9 @@ static int payload_decode(const uint8_t *p, size_t n, kvidx_jrec_t *rec)
         rec->blob = p + 1;
         rec->blob_len = n - 1;
         return 0;
+    case KVIDX_JREC_BEGIN:
+    case KVIDX_JREC_COMMIT:
+        return n == 1 ? 0 : KVIDX_EINVAL;
     case KVIDX_JREC_NS:
         if (n < NS_FIXED)
             return KVIDX_EINVAL;
@@ -395,13 +406,27 @@ int kvidx_journal_next(const uint8_t *buf, size_t len, size_t *off, kvidx_jrec_t
     return 1;
 }
 
+int kvidx_journal_group_end(const uint8_t *buf, size_t len, size_t off, size_t *end)
+{
+    kvidx_jrec_t rec;
+    while (kvidx_journal_next(buf, len, &off, &rec) == 1) {
+        if (rec.type == KVIDX_JREC_BEGIN)
+            return 0;
+        if (rec.type == KVIDX_JREC_COMMIT) {
+            *end = off;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* ---- snapshot ---- */
 
 void kvidx_snapshot_begin(kvidx_snapshot_writer_t *w, uint64_t next_generation,
                           uint8_t out[KVIDX_SNAPSHOT_HEADER_LEN])
 {
     memset(w, 0, sizeof(*w));
-    file_header(snapshot_magic, next_generation, out);
+    file_header(snapshot_magic, KVIDX_SNAPSHOT_VERSION, next_generation, out);
     w->crc = kvidx_crc32c(0, out, KVIDX_SNAPSHOT_HEADER_LEN);
 }
 
@@ -491,7 +516,8 @@ static int snapshot_open(kvidx_snapshot_reader_t *r, const uint8_t *buf, size_t 
         *why = "file too short for a header and a trailer";
         return KVIDX_EINVAL;
     }
-    if (file_header_check(snapshot_magic, buf, len, &r->next_generation) != 0) {
+    if (file_header_check(snapshot_magic, KVIDX_SNAPSHOT_VERSION, KVIDX_SNAPSHOT_VERSION, buf, len,
+                          &r->next_generation) != 0) {
         *why = "bad header (magic, version or checksum)";
         return KVIDX_EINVAL;
     }

@@ -39,12 +39,9 @@ What must hold after every restart:
   entirely applied or entirely not (and of pipelined requests, those
   applied come before those not); an /events request in flight is
   replayed by its emitter, and the batches the answer calls duplicates are
-  a prefix of it whose entries are all applied, the rest none. One
-  exception, printed and counted: when the kill itself left the newest
-  journal's last record torn (a write() cut short), a key batch whose
-  records it was writing may come back in part, since the journal keeps
-  one record a key and no mark of where a request's records end (a gap
-  of the journal format, not of this test);
+  a prefix of it whose entries are all applied, the rest none. This
+  holds after a torn tail too (a write() the kill cut short): the journal
+  frames each request's records, so a torn request is dropped whole;
 * the cursors resume without a spurious gap: GET /directory/streams after
   the restart (before any replay) has, per instance, last_seq equal to the
   last acknowledged seq (or to the last durable seq of the batch in
@@ -266,25 +263,18 @@ class KeyWriter:
     def resolve(self, listed, real_torn):
         """After a restart: each write in flight at the kill is found whole
         or not at all, and (one connection, handled in order) those applied
-        come before those not; the reference takes what was found.
-
-        Except after a real torn tail (real_torn): the journal has one
-        record a key and no mark of where a request's records end, so a
-        write cut short inside a batch's records brings back a prefix of
-        the batch. That is allowed then, and counted."""
+        come before those not; the reference takes what was found. A real
+        torn tail (real_torn) changes nothing: the journal frames each
+        request's records, so a request cut short is dropped whole."""
         seen_unapplied = False
         for kind, group, _ in self.inflight:
             found = sum(1 for c, _, sz in group if listed.get(c) == sz)
             gone = sum(1 for c, _, _ in group if c not in listed)
             done = found if kind == "put" else gone
-            if 0 < done < len(group) and real_torn:
-                self.t.stats.add("inflight_keys_partly_applied_after_torn_tail")
-                self.t.log_line("a %s batch in flight came back in part after a torn tail: "
-                                "%d of %d keys" % (kind.upper(), done, len(group)))
-            else:
-                self.t.assertIn(done, (0, len(group)),
-                                "a %s batch in flight came back in part: %d of %d keys"
-                                % (kind.upper(), done, len(group)))
+            self.t.assertIn(done, (0, len(group)),
+                            "a %s batch in flight came back in part: %d of %d keys%s"
+                            % (kind.upper(), done, len(group),
+                               " (after a torn tail the kill left)" if real_torn else ""))
             for c, k, sz in group:
                 if kind == "put" and listed.get(c) == sz:
                     self.present[c] = (k, sz)
@@ -1047,10 +1037,7 @@ class CrashConsistency(unittest.TestCase):
                          c("inflight_events_applied"), c("inflight_events_not_applied"),
                          c("inflight_events_partly_applied"),
                          c("inflight_instances_applied"), c("inflight_instances_not_applied")))
-        self.log_line("in-flight key batches back in part after a torn tail the kill left: "
-                      "%d (%d such torn tails)"
-                      % (c("inflight_keys_partly_applied_after_torn_tail"),
-                         c("torn_tails_real")))
+        self.log_line("torn tails the kill itself left: %d" % c("torn_tails_real"))
         self.log_line("duplicates on replay %d; torn tails %d (%d of them made by the test; "
                       "fleet batches dropped with them %d); batches skipped on purpose %d; "
                       "snapshots started %d, written %d; emitter restarts (new incarnations) %d"
@@ -1067,9 +1054,9 @@ class CrashConsistency(unittest.TestCase):
 class TornFleetBatch(unittest.TestCase):
     """A store batch big enough for several journal records (its token ids
     pass the 1 MiB a record holds), torn inside its last record as a write
-    cut short by a crash leaves it: the restart logs the torn tail and the
-    dropped batch, applies none of its entries and leaves the cursor at
-    the batch before; the emitter's replay applies it once, and it stays
+    cut short by a crash leaves it: the restart logs the torn tail (cut at
+    the request's BEGIN: its frame never got its COMMIT), applies none of
+    its entries and leaves the cursor at the batch before; the emitter's replay applies it once, and it stays
     applied once over the next kill -9 and restarts."""
 
     def setUp(self):
@@ -1134,16 +1121,20 @@ class TornFleetBatch(unittest.TestCase):
             recs.append(off)
             off += 8 + struct.unpack_from("<I", data, off)[0]
         self.assertEqual(off, len(data), "the journal does not end at a record's end")
-        self.assertGreaterEqual(len(recs), 2, "the batch fits one record: no tear inside it")
+        kinds = [data[r + 8] for r in recs]
+        dirs = [r for r, k in zip(recs, kinds) if k == 6]
+        self.assertGreaterEqual(len(dirs), 2, "the batch fits one record: no tear inside it")
+        # The request's records are framed: BEGIN (7) first, COMMIT (8) last.
+        self.assertEqual((kinds[0], kinds[-1]), (7, 8))
         # Cut inside the batch's last record: as if it had not been written
-        # whole, and never acknowledged.
+        # whole, and never acknowledged. The whole request goes, from its
+        # BEGIN on.
         with open(path, "r+b") as f:
-            f.truncate(recs[-1] + 8 + 100)
+            f.truncate(dirs[-1] + 8 + 100)
         d = self.start()
         log = d.log()
         self.assertRegex(log, r"torn or corrupt record at byte %d of %d;"
-                         % (recs[-1], recs[-1] + 108))
-        self.assertIn("a fleet event batch at the end of a journal was incomplete", log)
+                         % (recs[0], dirs[-1] + 108))
         rows, cursor = self.state()
         self.assertEqual(set(rows), {canon(key(DIR_MODEL, 1))}, "a part of the torn batch stayed")
         self.assertEqual(cursor, (7, 1, False, 1))

@@ -51,6 +51,7 @@ import os
 import random
 import re
 import resource
+import shutil
 import signal
 import socket
 import stat
@@ -614,12 +615,11 @@ class TornTail(PersistenceBase):
             self.put(d, self.batch(n), "l2", size=100 + n)
 
     def last_batch_found(self, d, n):
-        """How many keys of the batch whose tail was damaged came back (the
-        journal's record granularity is not visible: any number is allowed
-        when the damage is a truncation; a record with a bad checksum must
-        not be applied, so then fewer than all)."""
+        """How many keys of the batch whose tail was damaged came back: all
+        or none, since the journal frames each request's records."""
         f = self.found(d, self.batch(n))
         sys.stderr.write("[%d of 5 keys of the damaged batch back] " % len(f))
+        self.assertIn(len(f), (0, 5), "a damaged batch came back in part")
         return len(f)
 
     def damaged_start(self, dd):
@@ -715,6 +715,87 @@ class TornTail(PersistenceBase):
         self.assertLess(self.last_batch_found(d, 5), 5,
                         "a record with a bad checksum was applied")
         d = self.write_crash_restart(d, dd, [6], range(5))
+        self.stop(d)
+
+
+class RequestsWhole(PersistenceBase):
+    """A request's records are replayed all or none: the journal frames a
+    request of two or more records by BEGIN and COMMIT records, and a tail
+    torn anywhere inside a request drops that request whole."""
+    base_settings = {"fsync": "always", "snapshot_journal_bytes": "1GiB"}
+
+    def test_a_request_torn_anywhere_is_dropped_whole(self):
+        dd = self.new_dir()
+        d = self.start(dd)
+        first = [key(i, "whole") for i in range(8)]
+        last = [key(100 + i, "whole") for i in range(8)]
+        self.put(d, first)
+        j = newest_journal(dd)
+        before = os.path.getsize(j)
+        self.put(d, last)
+        self.delete(d, first[:3])
+        self.kill9(d)
+        after_put = None
+        with open(j, "rb") as f:
+            data = f.read()
+        # Where the last PUT's bytes end: its records follow `before`.
+        off = before
+        while off + 8 <= len(data):
+            n = struct.unpack_from("<I", data, off)[0]
+            off += 8 + n
+            if data[off - n] == 8:  # COMMIT
+                after_put = off
+                break
+        self.assertIsNotNone(after_put, "no COMMIT after the batch PUT")
+        cuts = sorted(set([before + 1, before + 8, before + 9, before + 17, after_put - 1,
+                           after_put - 9, after_put - 5] +
+                          [self.rng.randrange(before + 1, after_put) for _ in range(6)]))
+        for cut in cuts:
+            copy = self.new_dir()
+            for name in os.listdir(dd):
+                if name != "lock":
+                    shutil.copy(os.path.join(dd, name), os.path.join(copy, name))
+            with open(os.path.join(copy, os.path.basename(j)), "r+b") as f:
+                f.truncate(cut)
+            d = self.start(copy)
+            self.wait_ready(d)
+            self.assert_present(d, first)
+            self.assertEqual(self.found(d, last), set(),
+                             "cut at byte %d of the request's %d..%d: part of it came back"
+                             % (cut, before, after_put))
+            self.stop(d)
+        # Cut right after the COMMIT: the PUT is there whole, the DELETE not.
+        copy = self.new_dir()
+        for name in os.listdir(dd):
+            if name != "lock":
+                shutil.copy(os.path.join(dd, name), os.path.join(copy, name))
+        with open(os.path.join(copy, os.path.basename(j)), "r+b") as f:
+            f.truncate(after_put)
+        d = self.start(copy)
+        self.wait_ready(d)
+        self.assert_present(d, first + last)
+        self.stop(d)
+        # And the whole journal: the DELETE applied too.
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assert_present(d, first[3:] + last)
+        self.assertEqual(self.found(d, first[:3]), set())
+        self.stop(d)
+
+    def test_crafted_groups(self):
+        def marker(t):
+            return frame(bytes([t]))
+        k = [key_record("g", hash_of(i)) for i in range(6)]
+        dd = self.new_dir()
+        with open(os.path.join(dd, "journal-0000000000000001.kvj"), "wb") as f:
+            f.write(journal_file(1, [marker(7), k[0], k[1], marker(8),   # whole
+                                     k[2],                                 # alone
+                                     marker(7), k[3], k[4]]))              # torn: no COMMIT
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assertTrue(TRUNC_RE.search(d.log()), d.log())
+        keys = [key(i, "g") for i in range(6)]
+        self.assertEqual(self.found(d, keys), {0, 1, 2})
         self.stop(d)
 
 

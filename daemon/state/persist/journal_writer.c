@@ -3,8 +3,10 @@
  * thread.
  *
  * Loop side: each change is encoded as one STATE record (kvidx/journal.h)
- * at the end of `stage`. A uv_prepare handle moves the stage to `pending`
- * once per loop turn and wakes the writer (usually a buffer swap, no copy).
+ * at the end of `stage`; the records of one write request are framed by
+ * BEGIN and COMMIT (a request that wrote fewer than two records has no
+ * frame), so that a replay takes a request whole or not at all. A uv_prepare handle moves the stage
+ * to `pending` once per loop turn and wakes the writer (usually a buffer swap, no copy).
  *
  * Writer thread: appends pending to the current journal with write() and,
  * under fsync=always, fdatasync()s before it reports the new durable
@@ -91,6 +93,48 @@ void append_rec(struct persist *p, const kvidx_jrec_t *r)
     }
     p->appended_seq += p->stage.len - before;
     p->journal_bytes += p->stage.len - before;
+    if (p->group_open && r->type != KVIDX_JREC_BEGIN && r->type != KVIDX_JREC_COMMIT)
+        p->group_recs++;
+}
+
+static void marker_rec(kvidx_jrec_t *r, kvidx_jrec_type_t type)
+{
+    memset(r, 0, sizeof(*r));
+    r->type = type;
+}
+
+void group_open(struct persist *p)
+{
+    group_close(p);
+    kvidx_jrec_t r;
+    marker_rec(&r, KVIDX_JREC_BEGIN);
+    size_t at = p->stage.len;
+    append_rec(p, &r);
+    if (p->stage.len == at)
+        return; /* out of memory: a gap is open, writes are refused */
+    p->group_open = 1;
+    p->group_at = at;
+    p->group_recs = 0;
+}
+
+void group_close(struct persist *p)
+{
+    if (!p->group_open)
+        return;
+    p->group_open = 0;
+    if (p->group_recs >= 2) {
+        kvidx_jrec_t r;
+        marker_rec(&r, KVIDX_JREC_COMMIT);
+        append_rec(p, &r); /* out of memory: a gap, refusing writes until a snapshot */
+        return;
+    }
+    /* No record, or one (whole by itself): the BEGIN goes back out. */
+    size_t n = KVIDX_JREC_HDR_LEN + 1;
+    char *at = p->stage.data + p->group_at;
+    memmove(at, at + n, p->stage.len - p->group_at - n);
+    p->stage.len -= n;
+    p->appended_seq -= n;
+    p->journal_bytes -= n;
 }
 
 /* Out of memory: the bytes stay in the stage (nothing is dropped,
@@ -99,6 +143,7 @@ void append_rec(struct persist *p, const kvidx_jrec_t *r)
  * least every 100 ms). */
 int hand_over(struct persist *p)
 {
+    group_close(p);
     if (!p->stage.len) {
         p->stalled = 0;
         return 0;

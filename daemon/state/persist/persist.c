@@ -91,8 +91,10 @@ int persist_refuse(const struct request *req, struct response *res)
     uv_mutex_lock(&p->mu);
     int failing = p->failing || p->gap || p->stalled;
     uv_mutex_unlock(&p->mu);
-    if (!failing)
+    if (!failing) {
+        group_open(p);
         return 0;
+    }
     res_problem(res, KVIDX_ESTORAGE, "the journal cannot be written; nothing was changed", NULL, 0);
     return 1;
 }
@@ -100,6 +102,8 @@ int persist_refuse(const struct request *req, struct response *res)
 int persist_ack(const struct request *req, struct response *res)
 {
     struct persist *p = req->app->persist;
+    if (p)
+        group_close(p);
     if (!p || p->policy != FSYNC_ALWAYS)
         return 0;
     int capturing = p->capturing;

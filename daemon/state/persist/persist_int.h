@@ -87,6 +87,11 @@ struct persist {
     int capturing;          /* 1: capturing; -1: the capture failed; 0: off */
     uint64_t appended_seq;  /* end of everything encoded so far */
     uint64_t journal_bytes; /* since the last snapshot, incl. files kept at start */
+    /* The request's group (group_open, group_close): its BEGIN sits at
+     * stage offset group_at, group_recs records were appended since. */
+    int group_open;
+    size_t group_at;
+    uint64_t group_recs;
     struct waiter *waiters;
     /* Answers on_async is sending. Answering one can close its connection
      * and cancel others: waiter_cancel then unlinks them from here. */
@@ -259,6 +264,14 @@ int hand_over(struct persist *p);
 /* Encodes *r at the end of the stage (loop thread); out of memory opens a
  * gap (writes refused until a snapshot). */
 void append_rec(struct persist *p, const kvidx_jrec_t *r);
+/* A request's records are framed by BEGIN and COMMIT so that a torn tail
+ * drops the request whole (loop thread). group_open closes a group still
+ * open first; group_close writes the COMMIT, or, for a group of no record
+ * or of one (a record is whole by itself), takes the BEGIN back out. Both
+ * are no-ops when there is nothing to do; hand_over closes an open group,
+ * so a group never spans two hand-overs (nor a rotation). */
+void group_open(struct persist *p);
+void group_close(struct persist *p);
 /* Appends the framed *r to b: 0, KVIDX_EINVAL or KVIDX_ENOMEM. */
 int encode_rec(struct buf *b, const kvidx_jrec_t *r);
 void key_rec(kvidx_jrec_t *r, const kvidx_key_t *key, const kvidx_durable_t *st);

@@ -487,9 +487,20 @@ static int journal_replay(struct persist *p, uint64_t gen, struct restore_counts
     kvidx_jrec_t rec;
     struct key_rules rules = {0};
     uint64_t skipped = 0;
-    size_t at = off;
+    size_t at = off, group_end;
     int got;
     while ((got = kvidx_journal_next(data, len, &off, &rec)) == 1) {
+        if (rec.type == KVIDX_JREC_BEGIN && !kvidx_journal_group_end(data, len, off, &group_end)) {
+            /* A request whose COMMIT never made it: a torn tail, dropped
+             * whole from its BEGIN on. */
+            off = at;
+            got = KVIDX_EINVAL;
+            break;
+        }
+        if (rec.type == KVIDX_JREC_BEGIN || rec.type == KVIDX_JREC_COMMIT) {
+            at = off;
+            continue;
+        }
         int r = replay_rec(p, path, &rec, at, off, &rules, &skipped);
         if (r < 0) {
             log_error("refusing to start: out of memory replaying %s", path);

@@ -12,6 +12,9 @@
  *                  u32 crc32c(bytes 0..23), u32 0
  *   records:       u32 len (payload bytes, 1..KVIDX_JREC_PAYLOAD_MAX),
  *                  u32 crc32c(len as 4 bytes LE || payload), payload
+ * Version 2 adds the BEGIN and COMMIT markers around the records of one
+ * request, so that a torn tail drops a request whole; version 1 journals
+ * (no markers) are still read. Snapshots stay version 1.
  * Records are STATES, not operations: "key K now has tiers T and size S"
  * (tiers 0: K is gone), "layout (model, world_size) is J", "layout is
  * gone". Replaying a record twice, or a prefix of a journal, is therefore
@@ -36,7 +39,8 @@
 
 #include "kvidx/key.h"
 
-#define KVIDX_JOURNAL_VERSION      1
+#define KVIDX_JOURNAL_VERSION      2 /* written; 1 is still read */
+#define KVIDX_SNAPSHOT_VERSION     1
 #define KVIDX_JOURNAL_HEADER_LEN   32
 #define KVIDX_SNAPSHOT_HEADER_LEN  32
 #define KVIDX_SNAPSHOT_TRAILER_LEN 32
@@ -57,6 +61,9 @@ typedef enum {
     KVIDX_JREC_SKEY = 5,       /* snapshot only: key state within the namespace */
     KVIDX_JREC_DIR = 6,        /* the fleet directory: a change (journal) or a state record
                                   (snapshot); blob = kvidx/directory_codec.h's bytes */
+    KVIDX_JREC_BEGIN = 7,      /* journal only: the records up to the next COMMIT are one
+                                  request's, replayed all or none (payload: the type byte) */
+    KVIDX_JREC_COMMIT = 8,     /* journal only: ends the group a BEGIN opened */
 } kvidx_jrec_type_t;
 
 /* One decoded record. Pointers view the decoded buffer (or, for a snapshot
@@ -90,8 +97,8 @@ size_t kvidx_jrec_size(const kvidx_jrec_t *r);
 /* Encodes *r, framed, into out[0..cap). 0 and *len; KVIDX_ENOBUFS when cap
  * is short (*len gets the size needed); KVIDX_EINVAL when *r is not
  * encodable. Types KEY, LAYOUT_PUT, LAYOUT_DEL, DIR (a blob of
- * 1..KVIDX_JREC_DIR_BLOB_MAX bytes); NS and SKEY are the snapshot
- * writer's. */
+ * 1..KVIDX_JREC_DIR_BLOB_MAX bytes), BEGIN and COMMIT; NS and SKEY are
+ * the snapshot writer's. */
 int kvidx_jrec_encode(const kvidx_jrec_t *r, uint8_t *out, size_t cap, size_t *len);
 
 /* Reads the record at buf[*off..len). Returns 1 with *rec filled and *off
@@ -100,6 +107,13 @@ int kvidx_jrec_encode(const kvidx_jrec_t *r, uint8_t *out, size_t cap, size_t *l
  * bad length, malformed or snapshot-only payload): *off is then left at the
  * first byte of the bad record, which is where a journal is truncated. */
 int kvidx_journal_next(const uint8_t *buf, size_t len, size_t *off, kvidx_jrec_t *rec);
+
+/* For a BEGIN record just read (off is the first byte after it): 1 and
+ * *end, the first byte after its COMMIT, when every record up to that
+ * COMMIT is whole and valid; 0 when the group is incomplete: the journal
+ * ends, a record is torn or corrupt, or another BEGIN comes first. An
+ * incomplete group is a torn tail: nothing of it is replayed. */
+int kvidx_journal_group_end(const uint8_t *buf, size_t len, size_t off, size_t *end);
 
 /* ---- snapshot ---- */
 

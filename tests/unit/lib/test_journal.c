@@ -2,8 +2,10 @@
  * The journal format (kvidx/journal.h): CRC32C against known values, record
  * round trips, the reader on a torn tail cut at every byte offset of the
  * last record (it must return every record before it and stop exactly at
- * its first byte), single-bit corruption anywhere, and the index's
- * durable-change hook that feeds the journal.
+ * its first byte), single-bit corruption anywhere, the BEGIN/COMMIT frame
+ * of a request (complete, torn at every offset, nested), the header
+ * versions read, and the index's durable-change hook that feeds the
+ * journal.
  */
 #include <criterion/criterion.h>
 
@@ -58,6 +60,95 @@ Test(journal, header_round_trip)
         cr_assert_eq(kvidx_journal_header_decode(h, sizeof(h), &g), KVIDX_EINVAL, "byte %zu", i);
         h[i] ^= 0x10;
     }
+}
+
+Test(journal, header_versions)
+{
+    /* Version 2 is written; a version 1 header (no request frames) is
+     * still read; others are refused. */
+    uint8_t h[KVIDX_JOURNAL_HEADER_LEN];
+    uint64_t g = 0;
+    kvidx_journal_header_encode(7, h);
+    cr_assert_eq(h[8], 2);
+    for (uint32_t v = 0; v < 4; v++) {
+        h[8] = (uint8_t)v;
+        uint32_t crc = kvidx_crc32c(0, h, 24);
+        memcpy(h + 24, &crc, 4); /* little-endian host */
+        int want = (v == 1 || v == 2) ? 0 : KVIDX_EINVAL;
+        cr_assert_eq(kvidx_journal_header_decode(h, sizeof(h), &g), want, "version %u", v);
+    }
+}
+
+static size_t put_marker(uint8_t *buf, size_t len, kvidx_jrec_type_t t)
+{
+    kvidx_jrec_t r;
+    memset(&r, 0, sizeof(r));
+    r.type = t;
+    size_t w = 0;
+    cr_assert_eq(kvidx_jrec_size(&r), KVIDX_JREC_HDR_LEN + 1);
+    cr_assert_eq(kvidx_jrec_encode(&r, buf + len, 64, &w), 0);
+    return len + w;
+}
+
+static size_t put_key(uint8_t *buf, size_t len, uint8_t h)
+{
+    kvidx_jrec_t r;
+    memset(&r, 0, sizeof(r));
+    r.type = KVIDX_JREC_KEY;
+    r.key = mk("m", "", h, h);
+    r.tiers = KVIDX_STATE_L2;
+    r.size_bytes = 10;
+    size_t w = 0;
+    cr_assert_eq(kvidx_jrec_encode(&r, buf + len, 256, &w), 0);
+    return len + w;
+}
+
+Test(journal, request_frames)
+{
+    uint8_t buf[4096];
+    size_t len = put_marker(buf, 0, KVIDX_JREC_BEGIN);
+    size_t first = len;
+    for (uint8_t i = 0; i < 3; i++)
+        len = put_key(buf, len, i);
+    len = put_marker(buf, len, KVIDX_JREC_COMMIT);
+    size_t whole = len;
+    len = put_key(buf, len, 9); /* after the group */
+
+    /* The markers read back as records of their own type. */
+    kvidx_jrec_t rec;
+    size_t off = 0;
+    cr_assert_eq(kvidx_journal_next(buf, len, &off, &rec), 1);
+    cr_assert_eq(rec.type, KVIDX_JREC_BEGIN);
+    cr_assert_eq(off, first);
+
+    size_t end = 0;
+    cr_assert_eq(kvidx_journal_group_end(buf, len, first, &end), 1);
+    cr_assert_eq(end, whole);
+    /* Cut anywhere before the COMMIT is whole: the group is incomplete. */
+    for (size_t cut = first; cut < whole; cut++)
+        cr_assert_eq(kvidx_journal_group_end(buf, cut, first, &end), 0, "cut at %zu", cut);
+    cr_assert_eq(kvidx_journal_group_end(buf, whole, first, &end), 1);
+    /* A corrupt record inside makes it incomplete too. */
+    buf[first + KVIDX_JREC_HDR_LEN + 3] ^= 1;
+    cr_assert_eq(kvidx_journal_group_end(buf, len, first, &end), 0);
+    buf[first + KVIDX_JREC_HDR_LEN + 3] ^= 1;
+
+    /* A second BEGIN before the COMMIT: the first group is incomplete. */
+    uint8_t nest[4096];
+    size_t n = put_marker(nest, 0, KVIDX_JREC_BEGIN);
+    size_t in = n;
+    n = put_key(nest, n, 1);
+    n = put_marker(nest, n, KVIDX_JREC_BEGIN);
+    n = put_key(nest, n, 2);
+    n = put_marker(nest, n, KVIDX_JREC_COMMIT);
+    cr_assert_eq(kvidx_journal_group_end(nest, n, in, &end), 0);
+
+    /* Markers carry no more than their type byte. */
+    uint8_t two[KVIDX_JREC_HDR_LEN + 2] = {2, 0, 0, 0, 0, 0, 0, 0, KVIDX_JREC_COMMIT, 0};
+    uint32_t plen = 2, crc = kvidx_crc32c(kvidx_crc32c(0, &plen, 4), two + 8, 2);
+    memcpy(two + 4, &crc, 4);
+    off = 0;
+    cr_assert_eq(kvidx_journal_next(two, sizeof(two), &off, &rec), KVIDX_EINVAL);
 }
 
 /* Builds a journal body of n varied records; offsets[i] = start of i. */
