@@ -294,7 +294,7 @@ static int guard(void *ctx, struct request *req, struct response *res, const str
     req->principal = &req->principal_buf;
     if (route && req->principal_buf.role < role_needed(route->access)) {
         a->denied_403++;
-        res_problemf(res, KVIDX_EFORBIDDEN, "This needs a %s token; this one is %s.",
+        res_problemf(res, KVIDX_EFORBIDDEN, "This needs a token with the %s role; this one has %s.",
                      role_name(role_needed(route->access)), role_name(req->principal_buf.role));
         return KVIDX_EFORBIDDEN;
     }
