@@ -449,16 +449,38 @@ void jw_null(struct jw *w)
 void jw_indices(struct jw *w, const uint8_t *flags, size_t n, uint8_t bit)
 {
     jw_arr_begin(w);
-    /* At most 10 digits and a comma per index. */
-    if (n > SIZE_MAX / 11 || buf_reserve(w->b, n * 11) != 0)
+    /* At most 10 digits and a comma per index, and the slack of the last
+     * fixed-size copy below. */
+    if (n > SIZE_MAX / 11 - 16 || buf_reserve(w->b, n * 11 + 16) != 0)
         return;
     char *p = w->b->data + w->b->len, *start = p;
+    /* The decimal digits of the last index written, kept so that the next
+     * index, usually the one after it, is one increment of them (a carry
+     * through trailing nines at worst) rather than a conversion. */
+    char num[16];
+    size_t len = 0, last = 0;
     for (size_t i = 0; i < n; i++) {
         if (!(flags[i] & bit))
             continue;
         if (p != start)
             *p++ = ',';
-        p = u32_dec(p, (uint32_t)i);
+        if (len && i == last + 1) {
+            size_t k = len;
+            while (k > 0 && num[k - 1] == '9')
+                num[--k] = '0';
+            if (k > 0) {
+                num[k - 1]++;
+            } else {
+                memmove(num + 1, num, len);
+                num[0] = '1';
+                len++;
+            }
+        } else {
+            len = (size_t)(u32_dec(num, (uint32_t)i) - num);
+        }
+        last = i;
+        memcpy(p, num, sizeof(num));
+        p += len;
     }
     w->b->len = (size_t)(p - w->b->data);
     w->b->data[w->b->len] = '\0';

@@ -410,3 +410,67 @@ Test(json, repeated_key_member_is_called_repeated)
     cr_assert_not_null(strstr(why.rule, "unknown member"), "%s", why.rule);
     cJSON_Delete(j);
 }
+
+/* jw_indices writes the positions whose flag has the bit, as a JSON array
+ * of decimals; runs of consecutive positions are written by incrementing
+ * the previous digits, so the carries (9 -> 10, 999 -> 1000) and the jumps
+ * after a gap must give what a plain conversion gives. jw_hex_at and
+ * jw_u64_at, the listing's writers, against snprintf. */
+Test(jw, indices_hex_and_decimals_match_snprintf)
+{
+    enum { N = 12000 };
+    static uint8_t flags[N];
+    for (int mode = 0; mode < 4; mode++) {
+        unsigned seed = 7;
+        for (size_t i = 0; i < N; i++) {
+            seed = seed * 1103515245u + 12345u;
+            flags[i] = mode == 0 ? 1 : mode == 1 ? (uint8_t)(seed >> 16) : mode == 2 ? 0 : 2;
+            if (mode == 3 && (i % 1000 == 999 || i % 100 == 0))
+                flags[i] = 1;
+        }
+        struct buf got, want;
+        buf_init(&got);
+        buf_init(&want);
+        struct jw w;
+        jw_init(&w, &got);
+        jw_indices(&w, flags, N, 1);
+        buf_putc(&want, '[');
+        int first = 1;
+        for (size_t i = 0; i < N; i++) {
+            if (!(flags[i] & 1))
+                continue;
+            buf_printf(&want, first ? "%zu" : ",%zu", i);
+            first = 0;
+        }
+        buf_putc(&want, ']');
+        cr_assert(!got.failed && !want.failed);
+        cr_assert_eq(got.len, want.len, "mode %d", mode);
+        cr_assert(memcmp(got.data, want.data, want.len) == 0, "mode %d", mode);
+        buf_free(&got);
+        buf_free(&want);
+    }
+    static const uint64_t vals[] = {
+        0,         9,         10,         99,         100,
+        65535,     999999999, 1000000000, UINT32_MAX, (uint64_t)UINT32_MAX + 1,
+        UINT64_MAX};
+    for (size_t v = 0; v < sizeof(vals) / sizeof(vals[0]); v++) {
+        char out[32], ref[32];
+        char *e = jw_u64_at(out, vals[v]);
+        *e = 0;
+        snprintf(ref, sizeof(ref), "%llu", (unsigned long long)vals[v]);
+        cr_assert_str_eq(out, ref);
+    }
+    uint8_t bytes[64];
+    for (size_t i = 0; i < sizeof(bytes); i++)
+        bytes[i] = (uint8_t)(i * 37 + 11);
+    for (size_t n = 0; n <= sizeof(bytes); n++) {
+        char out[2 * 64 + 1], ref[2 * 64 + 1];
+        char *e = jw_hex_at(out, bytes, n);
+        cr_assert_eq((size_t)(e - out), 2 * n);
+        *e = 0;
+        for (size_t i = 0; i < n; i++)
+            snprintf(ref + 2 * i, 3, "%02x", bytes[i]);
+        ref[2 * n] = 0;
+        cr_assert_str_eq(out, ref, "n = %zu", n);
+    }
+}
