@@ -816,18 +816,19 @@ int events_scan(const char *body, size_t n, const struct app *app, struct ev_bod
     s.c.e = body + n;
     s.c.values = 1;
     s.out = out;
-    /* Sized from the body so that a usual one needs no growth: an entry of
-     * LMCache's takes about 200 bytes, a token id about 7 (2 at least);
-     * capped, so that an entry-sparse body does not hold memory it never
-     * fills, and doubled past that. */
-    size_t ecap = n / 200 + 16, tcap = n / 8 + 16;
-    s.cap_e = ecap > 2048 ? 2048 : ecap;
-    s.cap_t = tcap > 262144 ? 262144 : tcap;
-    s.cap_b = 4;
-    out->entries = malloc(s.cap_e * sizeof(*out->entries));
-    out->tokens = malloc(s.cap_t * sizeof(*out->tokens));
-    out->batches = malloc(s.cap_b * sizeof(*out->batches));
-    if (!out->entries || !out->tokens || !out->batches)
+    /* Sized from the body so that a usual one needs no growth (an entry
+     * of LMCache's takes about 200 bytes, a token id about 7), rounded up
+     * to powers of two, and doubled past that; entries are capped, so that
+     * a token-heavy body does not allocate slots it never fills. With
+     * sizes that followed each body exactly, a 1000-entry request took a
+     * third more CPU in the benchmark (the allocator handed out fresh,
+     * faulting pages instead of reusing the previous request's blocks). */
+    size_t ecap = n / 160 + 16, tcap = n / 8 + 16;
+    if (grow((void **)&out->entries, &s.cap_e, ecap > 2048 ? 2048 : ecap, sizeof(*out->entries)) !=
+            0 ||
+        grow((void **)&out->tokens, &s.cap_t, tcap > 262144 ? 262144 : tcap,
+             sizeof(*out->tokens)) != 0 ||
+        grow((void **)&out->batches, &s.cap_b, 4, sizeof(*out->batches)) != 0)
         goto fallback;
     if (root_object(&s) != 0)
         goto fallback;
