@@ -1487,11 +1487,11 @@ class RedisWriter(Worker):
 
 # ---------------------------------------------------------------- controller
 
-def rss_kib(pid):
+def rss_kib(pid, field="VmRSS"):
     try:
         with open("/proc/%d/status" % pid) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except OSError:
         return None
@@ -1569,6 +1569,7 @@ class Soak:
         self.redis = None
         self.daemons = []
         self.rss = []   # (incarnation, t since its load start, KiB)
+        self.rss_parts = []  # (incarnation, t, RssAnon, RssFile)
         self.jumps = []  # RSS steps of 1 MiB or more between two samples
         self.faults = collections.Counter()
 
@@ -1640,6 +1641,8 @@ class Soak:
             v = rss_kib(d.proc.pid)
             if v is not None:
                 self.rss.append((len(self.daemons) - 1, t - inc_start, v))
+                self.rss_parts.append((len(self.daemons) - 1, t - inc_start,
+                                       rss_kib(d.proc.pid, "RssAnon"), rss_kib(d.proc.pid, "RssFile")))
                 # Where a jump of RSS comes from: the mappings that grew.
                 sm = smaps(d.proc.pid)
                 if prev_sm is not None and prev_v is not None and v - prev_v >= 1024:
@@ -1928,6 +1931,11 @@ class Soak:
         for inc, b, peak, last in getattr(self, "rss_figures", []):
             print("  incarnation %d: baseline %d, at its end %d (%+.1f%%), peak after the baseline %d (%+.1f%%)"
                   % (inc, b, last, 100.0 * (last - b) / b, peak, 100.0 * (peak - b) / b))
+            parts = [(t, a, f) for i, t, a, f in self.rss_parts if i == inc and a is not None]
+            pb = [x for x in parts if x[0] >= self.baseline_s]
+            if pb:
+                print("    of which anonymous / file-backed: %d / %d at the baseline, %d / %d at the end"
+                      % (pb[0][1], pb[0][2], pb[-1][1], pb[-1][2]))
             ser = [(t, v) for i, t, v in self.rss if i == inc]
             steps = [j for j in self.jumps if j.startswith("incarnation %d " % inc)]
             for j in ([] if ASAN else steps[:5]):
