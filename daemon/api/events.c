@@ -315,8 +315,9 @@ static int api_events(const struct request *req, struct response *res)
     jw_key(&w, "stale");
     jw_u64(&w, counts[2]);
     jw_obj_end(&w);
-    if (res->body.failed)
-        goto oom_answered;
+    /* The batches are applied: even when the answer could not be built,
+     * it is a 200 (the connection then closes, never a 503 that would say
+     * nothing changed). */
     res_json(res, 200);
     ev_body_free(&r);
     cJSON_Delete(root);
@@ -327,7 +328,6 @@ invalid:
     goto out;
 oom:
     param_errors_free(&pe);
-oom_answered:
     buf_reset(&res->body);
     res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
 out:

@@ -180,6 +180,7 @@ class TestRequestsUnderFaults(AllocFaultsBase):
         lost_creates = 0
         emitter = Emitter("127.0.0.1", d.port, "mp-faults", incarnation=1)
         fleet_in, fleet_out, fleet_unknown = set(), set(), set()
+        fleet_none = set()  # refused single-batch requests: must not be applied
         next_w, next_f = 0, 0
 
         def wrote(ids, r, value):
@@ -267,11 +268,14 @@ class TestRequestsUnderFaults(AllocFaultsBase):
                 emitter.store(rng.choice(["l1", "l2"]), "dram", fkey("f", h), 1)
             batches = emitter.skip_flush()
             r = c.send("POST", "/events", {"batches": batches})
-            # A 503 on /events may leave batches applied: those before the
-            # failing one (a retry sees them as duplicates), and all of them
-            # when only the answer could not be built (api/events.c answers
-            # 503 then). So a refused request's keys are undecided; how
-            # many of them are there anyway is printed.
+            # A 503 on /events may leave the batches before the failing one
+            # applied (a retry sees them as duplicates): the keys of a
+            # refused request of several batches are undecided, how many of
+            # them are there anyway is printed. A refused request of one
+            # batch changed nothing (an answer that cannot be built after
+            # the batches applied closes the connection instead).
+            if r is None and len(batches) == 1:
+                fleet_none.update(ids)
             (fleet_unknown if r is CLOSED else fleet_out if r is None else fleet_in).update(ids)
             c.send("GET", "/directory/keys?limit=7")
             c.send("GET", "/directory/stats")
@@ -313,6 +317,8 @@ class TestRequestsUnderFaults(AllocFaultsBase):
         self.assertLessEqual(fleet_in, listed)
         self.assertLessEqual(listed, fleet_in | fleet_unknown | fleet_out)
         refused_applied = len(fleet_out & listed)
+        self.assertEqual(fleet_none & listed, set(),
+                         "a single-batch /events request answered 503 was applied")
         m = ok("GET", "/metrics").body.decode()
         errors_5xx = sum(int(v) for v in re.findall(
             r'^kvidx_http_requests_total\{[^}]*code_class="5xx"\} (\d+)$', m, re.M))
