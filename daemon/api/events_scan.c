@@ -25,6 +25,7 @@
  */
 #include "api/events_scan.h"
 
+#include "util/json_lex.h"
 #include "util/json_read.h"
 
 #include "kvidx/key.h"
@@ -32,10 +33,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
 
 #define U63    9223372036854775807.0
 #define U64_HI 18446744073709549568.0
@@ -81,88 +78,25 @@ static inline int at_delim(const struct cur *c)
     return is_ws(ch) || ch == ',' || ch == ']' || ch == '}';
 }
 
-#define ONES  UINT64_C(0x0101010101010101)
-#define HIGHS UINT64_C(0x8080808080808080)
-
-static inline uint64_t load_le64(const char *p)
+/* A string without escapes or control bytes (jl_plain_string): its
+ * bytes, or -1. */
+static inline int plain_string(struct cur *c, const char **s, size_t *n)
 {
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
-
-/* Bit 7 set in the bytes of x below 0x20 and in those equal to zero after
- * an xor (the lowest flagged byte is exact; higher ones may be false). */
-static inline uint64_t below_space(uint64_t x)
-{
-    return (x - ONES * 0x20) & ~x & HIGHS;
-}
-
-static inline uint64_t zero_byte(uint64_t x)
-{
-    return (x - ONES) & ~x & HIGHS;
-}
-
-/* A string at c->p without escapes or control bytes: its bytes, or -1.
- * Sixteen bytes a step (SSE2) or eight (elsewhere) look for the first
- * '"', '\\' or byte below 0x20. */
-static int plain_string(struct cur *c, const char **s, size_t *n)
-{
-    const char *q = c->p, *e = c->e;
-    if (q == e || *q != '"')
+    const char *q = jl_plain_string(c->p, c->e, s, n);
+    if (!q)
         return -1;
-    const char *start = ++q;
-#ifdef __SSE2__
-    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'),
-                  ctl = _mm_set1_epi8(0x1f);
-    while (e - q >= 16) {
-        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)q);
-        /* max(x, 0x1f) == 0x1f exactly for the bytes up to 0x1f (unsigned). */
-        __m128i hit =
-            _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, bslash)),
-                         _mm_cmpeq_epi8(_mm_max_epu8(x, ctl), ctl));
-        unsigned m = (unsigned)_mm_movemask_epi8(hit);
-        if (m) {
-            q += __builtin_ctz(m);
-            goto found;
-        }
-        q += 16;
-    }
-#endif
-    while (e - q >= 8) {
-        uint64_t x = load_le64(q);
-        uint64_t hit = below_space(x) | zero_byte(x ^ (ONES * '"')) | zero_byte(x ^ (ONES * '\\'));
-        if (hit) {
-            q += __builtin_ctzll(hit) / 8;
-            goto found;
-        }
-        q += 8;
-    }
-    while (q < e && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20)
-        q++;
-    if (q == e)
-        return -1;
-found:
-    if (*q != '"')
-        return -1;
-    *s = start;
-    *n = (size_t)(q - start);
-    c->p = q + 1;
+    c->p = q;
     return 0;
 }
 
-/* The string at c->p when it is exactly "known" (bytes a plain_string
- * took before): consumed, 1. One compare instead of a scan. */
+/* The string at c->p when it is exactly "known" (jl_same_string):
+ * consumed, 1. */
 static inline int same_string(struct cur *c, const char *known, size_t n)
 {
-    const char *p = c->p;
-    if (!known || (size_t)(c->e - p) < n + 2 || p[0] != '"' || p[n + 1] != '"' ||
-        memcmp(p + 1, known, n) != 0)
+    const char *q = jl_same_string(c->p, c->e, known, n);
+    if (!q)
         return 0;
-    c->p = p + n + 2;
+    c->p = q;
     return 1;
 }
 
@@ -204,36 +138,11 @@ static int uint_value(struct cur *c, double lo, double hi, uint64_t *out)
     return kvidx_key_integral((double)x, lo, hi, out) == 0 ? 0 : -1;
 }
 
-/* Length of a number by JSON's grammar at c->p, or 0. */
+/* Length of a number by JSON's grammar at c->p, or 0 (json_number_len:
+ * also 0 when more number bytes follow, where at_delim would refuse). */
 static size_t number_span(const struct cur *c)
 {
-    const char *s = c->p;
-    size_t n = (size_t)(c->e - s), i = 0;
-    if (i < n && s[i] == '-')
-        i++;
-    if (i == n || (unsigned)(s[i] - '0') >= 10)
-        return 0;
-    if (s[i++] != '0')
-        while (i < n && (unsigned)(s[i] - '0') < 10)
-            i++;
-    if (i < n && s[i] == '.') {
-        size_t d = ++i;
-        while (i < n && (unsigned)(s[i] - '0') < 10)
-            i++;
-        if (i == d)
-            return 0;
-    }
-    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
-        i++;
-        if (i < n && (s[i] == '+' || s[i] == '-'))
-            i++;
-        size_t d = i;
-        while (i < n && (unsigned)(s[i] - '0') < 10)
-            i++;
-        if (i == d)
-            return 0;
-    }
-    return i;
+    return json_number_len(c->p, (size_t)(c->e - c->p));
 }
 
 /* Any JSON number of at most 40 bytes, through strtod as cJSON reads it

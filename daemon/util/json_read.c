@@ -34,7 +34,7 @@ static int continues_number(char c)
  * -? (0 | [1-9][0-9]*) (.[0-9]+)? ([eE][+-]?[0-9]+)?, or 0 when the bytes
  * there are no such number or run on into more number bytes (01, 1., 1.e5:
  * cJSON's strtod would take them). */
-static size_t number_len(const char *s, size_t n)
+size_t json_number_len(const char *s, size_t n)
 {
     size_t i = 0;
     if (i < n && s[i] == '-')
@@ -115,7 +115,7 @@ static void json_scan(const char *s, size_t n, size_t limit, struct scan *sc)
             if (depth > 0)
                 depth--;
         } else if (c == '-' || c == '+' || c == '.' || (c >= '0' && c <= '9')) {
-            size_t len = number_len(s + i, n - i);
+            size_t len = json_number_len(s + i, n - i);
             if (len == 0) {
                 sc->bad = "a number outside the JSON grammar (no leading zero, no '+', "
                           "digits on both sides of '.')";

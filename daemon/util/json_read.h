@@ -18,6 +18,10 @@
 /* Nesting depth of a JSON text (arrays and objects), computed without
  * parsing; strings are skipped correctly. Stops counting past limit+1. */
 size_t json_depth(const char *s, size_t n, size_t limit);
+/* Length of the number at s[0..n) by RFC 8259's grammar, or 0 when the
+ * bytes there are no such number or run on into more number bytes (01,
+ * 1., 1.e5: cJSON's strtod would take them). */
+size_t json_number_len(const char *s, size_t n);
 
 /* Values one key may take in a request body: the key object's five members
  * and their names' worth of slack, a KeyEntry wrapper, a size. */

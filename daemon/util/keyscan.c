@@ -32,30 +32,16 @@
 #include "util/keyscan.h"
 
 #include "util/context.h"
+#include "util/json_lex.h"
 #include "util/json_read.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 struct cur {
     const char *p, *e;
 };
-
-/* Eight bytes at p as a little-endian word (unaligned). */
-static inline uint64_t load_le64(const char *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
 
 static int is_ws(char c)
 {
@@ -82,81 +68,14 @@ static int expect(struct cur *c, char ch)
     return 0;
 }
 
-#define ONES  UINT64_C(0x0101010101010101)
-#define HIGHS UINT64_C(0x8080808080808080)
-
-/* Bit 7 set in every byte of x that is below 0x20 (and possibly in bytes
- * above such a one, never below: the lowest flagged byte is exact). Bytes
- * from 0x80 up are never flagged. */
-static uint64_t control_bytes(uint64_t x)
+/* A string at c->p with no escape and no control byte (jl_plain_string):
+ * its bytes, or -1, c->p then unmoved. */
+static inline int plain_string(struct cur *c, const char **s, size_t *n)
 {
-    return (x - ONES * 0x20) & ~x & HIGHS;
-}
-
-/* Bit 7 set in every byte of x that is zero (same exactness). */
-static uint64_t zero_bytes(uint64_t x)
-{
-    return (x - ONES) & ~x & HIGHS;
-}
-
-/* A string at c->p with no escape and no control byte: its bytes, or -1.
- * JSON forbids raw bytes below 0x20 in strings (json_parse_text answers
- * invalid_json for them), so the scanner leaves such a string to it. Scans
- * 8 bytes a word for the first '"', '\\' or control byte (one pass instead
- * of a memchr per byte kind). */
-static int plain_string(struct cur *c, const char **s, size_t *n)
-{
-    const char *p = c->p, *e = c->e;
-    if (p == e || *p != '"')
+    const char *q = jl_plain_string(c->p, c->e, s, n);
+    if (!q)
         return -1;
-    p++;
-    const char *q = p;
-#if defined(__SSE2__)
-    /* Sixteen bytes a step: a quote, a backslash or a byte below 0x20
-     * (its top three bits clear). */
-    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
-    const __m128i top3 = _mm_set1_epi8((char)0xe0), zero = _mm_setzero_si128();
-    while (e - q >= 16) {
-        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)q);
-        __m128i hit =
-            _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, bslash)),
-                         _mm_cmpeq_epi8(_mm_and_si128(x, top3), zero));
-        unsigned m = (unsigned)_mm_movemask_epi8(hit);
-        if (m) {
-            q += __builtin_ctz(m);
-            if (*q != '"')
-                return -1;
-            *s = p;
-            *n = (size_t)(q - p);
-            c->p = q + 1;
-            return 0;
-        }
-        q += 16;
-    }
-#endif
-    for (;;) {
-        if (e - q >= 8) {
-            uint64_t x = load_le64(q);
-            uint64_t hit =
-                control_bytes(x) | zero_bytes(x ^ (ONES * '"')) | zero_bytes(x ^ (ONES * '\\'));
-            if (!hit) {
-                q += 8;
-                continue;
-            }
-            q += __builtin_ctzll(hit) / 8;
-        } else {
-            while (q < e && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20)
-                q++;
-            if (q == e)
-                return -1;
-        }
-        if (*q != '"')
-            return -1;
-        break;
-    }
-    *s = p;
-    *n = (size_t)(q - p);
-    c->p = q + 1;
+    c->p = q;
     return 0;
 }
 
@@ -211,16 +130,14 @@ static int skip_scalar(struct cur *c)
     return 0;
 }
 
-/* 1 when c->p holds the JSON string whose content is known[0..n) (bytes
- * an earlier plain_string accepted: no quote, backslash or control byte), which is
- * then consumed. One memcmp instead of a scan. */
-static int same_string(struct cur *c, const char *known, size_t n)
+/* 1 when c->p holds the JSON string known[0..n) (jl_same_string), which
+ * is then consumed. */
+static inline int same_string(struct cur *c, const char *known, size_t n)
 {
-    const char *p = c->p;
-    if (!known || (size_t)(c->e - p) < n + 2 || p[0] != '"' || p[n + 1] != '"' ||
-        memcmp(p + 1, known, n) != 0)
+    const char *q = jl_same_string(c->p, c->e, known, n);
+    if (!q)
         return 0;
-    c->p = p + n + 2;
+    c->p = q;
     return 1;
 }
 
