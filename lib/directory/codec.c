@@ -2,7 +2,10 @@
  * The fleet directory's changes and state records as bytes
  * (kvidx/directory_codec.h), and their replay.
  *
- * Invariants: every blob fits max_blob bytes; a batch's entries are never
+ * Invariants: every blob fits max_blob bytes; the scratch buffer a blob is
+ * built in starts at WR_FIRST bytes and grows (doubling, up to max_blob)
+ * before anything is written past it, so that a small change does not take
+ * max_blob of memory; a batch's entries are never
  * split inside an entry (the daemon bounds an entry's token ids well below
  * a blob); the replay ingests a batch only when all its announced entries
  * arrived, so a torn tail never applies part of a batch; decoding checks
@@ -30,9 +33,16 @@ enum {
 
 /* ---- writing ---- */
 
+enum {
+    /* First size of the scratch buffer: holds any drop, token cap or batch
+     * header (whose two names are at most KVIDX_DIR_ID_MAX bytes each). */
+    WR_FIRST = 4096,
+};
+
 typedef struct wr {
     uint8_t *p;
-    size_t len, cap;
+    size_t len, cap; /* cap: the blob bound (max_blob) */
+    size_t room;     /* bytes allocated at p, at most cap */
     kvidx_dir_emit_fn emit;
     void *ctx;
 } wr_t;
@@ -111,15 +121,32 @@ static int flush(wr_t *w)
 
 static int wr_open(wr_t *w, size_t max_blob, kvidx_dir_emit_fn emit, void *ctx)
 {
-    if (max_blob < 4096)
+    if (max_blob < WR_FIRST)
         return KVIDX_EINVAL;
-    w->p = kvidx_malloc(max_blob);
+    w->p = kvidx_malloc(WR_FIRST);
     if (!w->p)
         return KVIDX_ENOMEM;
     w->len = 0;
     w->cap = max_blob;
+    w->room = WR_FIRST;
     w->emit = emit;
     w->ctx = ctx;
+    return 0;
+}
+
+/* Makes room for a blob of total bytes (total <= cap, checked by the caller). */
+static int wr_reserve(wr_t *w, size_t total)
+{
+    if (total <= w->room)
+        return 0;
+    size_t n = w->room;
+    while (n < total)
+        n = n > w->cap / 2 ? w->cap : n * 2;
+    uint8_t *p = kvidx_realloc(w->p, n);
+    if (!p)
+        return KVIDX_ENOMEM;
+    w->p = p;
+    w->room = n;
     return 0;
 }
 
@@ -162,6 +189,9 @@ static int encode_batch(wr_t *w, const kvidx_dir_batch_t *b, kvidx_dir_verdict_t
             w_u32(w, 0);
             here = 0;
         }
+        int rc = wr_reserve(w, w->len + need);
+        if (rc)
+            return rc;
         w_entry(w, e);
         here++;
     }
@@ -209,6 +239,8 @@ int kvidx_dir_change_encode(const kvidx_dir_change_t *c, size_t max_blob, kvidx_
             rc = KVIDX_EINVAL;
             break;
         }
+        if ((rc = wr_reserve(&w, instance_size(c->instance))) != 0)
+            break;
         w_instance(&w, B_REGISTER, c->instance);
         rc = flush(&w);
         break;
@@ -265,9 +297,9 @@ int kvidx_dir_record_encode(const kvidx_dir_record_t *r, size_t max_blob, kvidx_
         kvidx_free(w.p);
         return KVIDX_EINVAL;
     }
-    if (need > w.cap) {
+    if (need > w.cap || (rc = wr_reserve(&w, need)) != 0) {
         kvidx_free(w.p);
-        return KVIDX_EINVAL;
+        return need > w.cap ? KVIDX_EINVAL : rc;
     }
     switch (r->type) {
     case KVIDX_DIR_REC_INSTANCE:

@@ -378,3 +378,112 @@ Test(directory_codec, dir_records_in_journal_and_snapshot)
     cr_assert_eq(memcmp(got.blob, blob, sizeof(blob)), 0);
     cr_assert_eq(kvidx_snapshot_next(&rd, &got), 0);
 }
+
+#include "kvidx/alloc.h"
+
+/* The largest block an encode asks lib's allocator for (only while one runs). */
+static size_t enc_peak;
+static int enc_on;
+
+static void *peak_malloc(void *ctx, size_t n)
+{
+    (void)ctx;
+    if (enc_on && n > enc_peak)
+        enc_peak = n;
+    return malloc(n);
+}
+static void *peak_realloc(void *ctx, void *p, size_t n)
+{
+    (void)ctx;
+    if (enc_on && n > enc_peak)
+        enc_peak = n;
+    return realloc(p, n);
+}
+static void peak_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+static void on_change_journal(void *ctx, const kvidx_dir_change_t *c)
+{
+    enc_on = 1;
+    cr_assert_eq(kvidx_dir_change_encode(c, KVIDX_JREC_DIR_BLOB_MAX, keep, ctx), 0);
+    enc_on = 0;
+}
+
+static int dump_journal(void *ctx, const kvidx_dir_record_t *r)
+{
+    enc_on = 1;
+    int rc = kvidx_dir_record_encode(r, KVIDX_JREC_DIR_BLOB_MAX, keep, ctx);
+    enc_on = 0;
+    return rc;
+}
+
+/* With the journal's bound on a blob (about 1 MiB), encoding a small change
+ * or record takes a few KiB, not the bound; a batch bigger than the bound
+ * grows the buffer to it, splits, and replays to the same state. */
+Test(directory_codec, the_scratch_buffer_follows_the_blob_not_its_bound)
+{
+    kvidx_allocator_t a = {peak_malloc, peak_realloc, peak_free, NULL};
+    kvidx_set_allocator(&a);
+    kvidx_directory_t *d = new_dir(0);
+    blobs_t bs = {0};
+    kvidx_directory_on_change(d, on_change_journal, &bs);
+
+    kvidx_dir_instance_t in;
+    memset(&in, 0, sizeof(in));
+    in.instance_id = "mp-a";
+    in.instance_len = 4;
+    in.ip = "10.0.0.1";
+    in.ip_len = 8;
+    in.http_port = 8080;
+    in.last_seen_ms = NOW;
+    cr_assert_eq(kvidx_directory_register(d, &in, NULL), 0);
+    kvidx_dir_entry_t small[3];
+    for (unsigned i = 0; i < 3; i++)
+        small[i] = mkentry(mkkey("m", "", 0, 0, i), 100);
+    kvidx_dir_batch_t b = mkbatch("mp-a", 1, 1, KVIDX_DIR_STORE, KVIDX_DIR_L1, "dram", small, 3);
+    kvidx_dir_verdict_t v;
+    cr_assert_eq(kvidx_directory_ingest(d, &b, &v), 0);
+    cr_assert_eq(bs.n, 2);
+    cr_assert_leq(enc_peak, 16384, "a small change took %zu bytes", enc_peak);
+
+    enum { N = 1500, TOKENS = 256 };
+    static uint32_t toks[TOKENS];
+    for (unsigned i = 0; i < TOKENS; i++)
+        toks[i] = i * 7u;
+    kvidx_dir_entry_t *big = calloc(N, sizeof(*big));
+    for (unsigned i = 0; i < N; i++) {
+        big[i] = mkentry(mkkey("m", "", 0, 0, 100 + i), 100);
+        big[i].token_ids = toks;
+        big[i].num_tokens = TOKENS;
+        big[i].token_offset = 0;
+    }
+    b = mkbatch("mp-a", 1, 2, KVIDX_DIR_STORE, KVIDX_DIR_L2, "fs", big, N);
+    cr_assert_eq(kvidx_directory_ingest(d, &b, &v), 0);
+    cr_assert_geq(bs.n, 4, "a batch of ~1.6 MB must split: %zu blobs", bs.n);
+    cr_assert_gt(enc_peak, 16384);
+    cr_assert_leq(enc_peak, KVIDX_JREC_DIR_BLOB_MAX);
+    for (size_t i = 0; i < bs.n; i++)
+        cr_assert_leq(bs.len[i], KVIDX_JREC_DIR_BLOB_MAX);
+    kvidx_directory_on_change(d, NULL, NULL);
+
+    kvidx_directory_t *r = replay(&bs, bs.n);
+    char *ta = dir_text(d), *tb = dir_text(r);
+    cr_assert_str_eq(ta, tb);
+    free(ta);
+    free(tb);
+    kvidx_directory_free(r);
+
+    blobs_t recs = {0};
+    enc_peak = 0;
+    cr_assert_eq(kvidx_directory_dump(d, dump_journal, &recs), 0);
+    cr_assert_gt(recs.n, N);
+    cr_assert_leq(enc_peak, 16384, "a record took %zu bytes", enc_peak);
+    blobs_free(&recs);
+    blobs_free(&bs);
+    free(big);
+    kvidx_directory_free(d);
+    kvidx_set_allocator(NULL);
+}
