@@ -20,6 +20,7 @@
 #include "util/config.h"
 #include "kvidx/err.h"
 #include "util/log.h"
+#include "util/memtrim.h"
 #include "util/metrics.h"
 #include "util/sd_notify.h"
 #include "net/server.h"
@@ -49,6 +50,7 @@ struct daemon {
     uv_poll_t fd_table; /* closed at once: see server_grow_fd_table */
     uv_timer_t watchdog;
     int watchdog_on;
+    struct memtrim memtrim; /* allocator hygiene: util/memtrim.c */
     int stopping;
     int handles_closed;
     char bound[128];
@@ -213,6 +215,7 @@ static void stop_everything(struct daemon *d)
     uv_close((uv_handle_t *)&d->sig_hup, NULL);
     if (d->watchdog_on)
         uv_close((uv_handle_t *)&d->watchdog, NULL);
+    memtrim_close(&d->memtrim);
 }
 
 static void on_drained(struct server *s)
@@ -382,6 +385,11 @@ static void announce(struct daemon *d)
         uv_timer_start(&d->watchdog, on_watchdog, every_ms, every_ms);
     }
 
+    /* Free heap pages go back to the kernel once a second when they pile
+     * up (util/memtrim.c); a failure only costs resident memory. */
+    if (memtrim_start(&d->memtrim, &d->loop) != 0)
+        log_warn("memtrim: the timer cannot be started; free memory stays resident");
+
     char status[192];
     snprintf(status, sizeof(status), "READY=1\nSTATUS=listening on %s", d->bound);
     sd_notify_send(status);
@@ -417,6 +425,8 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     /* A file-size limit must fail the write (EFBIG → 503), not kill us. */
     signal(SIGXFSZ, SIG_IGN);
+    /* Before the first thread (journal writer, fs scan, libuv's pool). */
+    memtrim_setup();
     status = start(d);
     if (status >= 0)
         return status;
