@@ -409,9 +409,13 @@ int kvidx_journal_next(const uint8_t *buf, size_t len, size_t *off, kvidx_jrec_t
 int kvidx_journal_group_end(const uint8_t *buf, size_t len, size_t off, size_t *end)
 {
     kvidx_jrec_t rec;
+    size_t at = off;
     while (kvidx_journal_next(buf, len, &off, &rec) == 1) {
-        if (rec.type == KVIDX_JREC_BEGIN)
-            return 0;
+        if (rec.type == KVIDX_JREC_BEGIN) {
+            *end = at;
+            return 2;
+        }
+        at = off;
         if (rec.type == KVIDX_JREC_COMMIT) {
             *end = off;
             return 1;

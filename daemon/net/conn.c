@@ -284,15 +284,16 @@ static void serialize(struct conn *c, struct pending *p, int close)
 }
 
 /* 1 when a request that may have changed state succeeded but its answer
- * could not be built. A 503 would tell the client that nothing happened,
+ * could not be built (or its handler said so: res->lost, e.g. no memory
+ * to wait for the fsync). A 503 would tell the client that nothing happened,
  * so the connection is closed after the earlier answers instead: the
  * client learns that the outcome is unknown, which is the truth. A GET or
  * HEAD changes nothing and answers 503. */
 static int answer_lost(const struct pending *p)
 {
     const struct response *res = &p->res;
-    return res->body.failed && res->status >= 200 && res->status < 300 && p->req.method != M_GET &&
-           p->req.method != M_HEAD;
+    return res->lost || (res->body.failed && res->status >= 200 && res->status < 300 &&
+                         p->req.method != M_GET && p->req.method != M_HEAD);
 }
 
 /* Moves every finished answer at the head of the queue into `out`. */

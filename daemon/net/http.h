@@ -72,6 +72,10 @@ struct response {
     char extra_headers[RES_EXTRA_HEADERS]; /* "Name: value\r\n" lines */
     size_t extra_len;
     int close; /* close the connection after this answer */
+    /* The change was made but its answer cannot be given (out of memory):
+     * the connection is closed without one, so the client learns that the
+     * outcome is unknown rather than a 503 saying nothing changed. */
+    int lost;
     /* The request's principal (the router copies req->principal), for an
      * answer written after the handler returned (a long poll). */
     const kvidx_principal_t *principal;

@@ -798,6 +798,25 @@ class RequestsWhole(PersistenceBase):
         self.assertEqual(self.found(d, keys), {0, 1, 2})
         self.stop(d)
 
+    def test_a_group_never_closed_inside_the_journal_is_skipped(self):
+        """A BEGIN whose group another BEGIN follows (damage: the writer
+        always closes a group) loses that group only, not what follows."""
+        def marker(t):
+            return frame(bytes([t]))
+        k = [key_record("h", hash_of(i)) for i in range(6)]
+        dd = self.new_dir()
+        with open(os.path.join(dd, "journal-0000000000000001.kvj"), "wb") as f:
+            f.write(journal_file(1, [k[0],                                 # alone
+                                     marker(7), k[1], k[2],                # never closed
+                                     marker(7), k[3], k[4], marker(8),     # whole
+                                     k[5]]))
+        d = self.start(dd)
+        self.wait_ready(d)
+        self.assertIn("have no end mark", d.log())
+        keys = [key(i, "h") for i in range(6)]
+        self.assertEqual(self.found(d, keys), {0, 3, 4, 5})
+        self.stop(d)
+
 
 # ---------------------------------------------------------------------------
 # 4. Corrupt snapshot refuses to start; 5. snapshot + rotation

@@ -149,7 +149,7 @@ static void collect_ready(struct persist *p, uint64_t durable, int failing)
 {
     for (struct waiter *w = p->waiters, *next; w; w = next) {
         next = w->next;
-        if (w->seq <= durable || failing) {
+        if ((w->seq <= durable && w->snap_epoch <= p->snap_epoch) || failing) {
             waiter_unlink(w);
             w->ready = 1;
             w->next = p->ready; /* the list is newest first: p->ready oldest first */

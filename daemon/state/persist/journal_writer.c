@@ -76,10 +76,19 @@ int encode_rec(struct buf *b, const kvidx_jrec_t *r)
     return 0;
 }
 
+/* The framed size of a BEGIN or COMMIT. */
+#define MARKER_LEN (KVIDX_JREC_HDR_LEN + 1)
+
 void append_rec(struct persist *p, const kvidx_jrec_t *r)
 {
     size_t before = p->stage.len;
-    if (encode_rec(&p->stage, r) != 0) {
+    /* Inside a group each record also makes room for the COMMIT, so that
+     * closing the group can never fail: a group without its COMMIT would
+     * read as a torn tail at restore. */
+    int grouped = p->group_open && r->type != KVIDX_JREC_COMMIT;
+    size_t need = kvidx_jrec_size(r);
+    if ((grouped && need && buf_reserve(&p->stage, need + MARKER_LEN) != 0) ||
+        encode_rec(&p->stage, r) != 0) {
         /* The journal misses this change. Refuse writes
          * (storage_unavailable) until a snapshot, which holds the whole
          * state, has closed the gap. */
@@ -103,18 +112,24 @@ static void marker_rec(kvidx_jrec_t *r, kvidx_jrec_type_t type)
     r->type = type;
 }
 
-void group_open(struct persist *p)
+int group_open(struct persist *p)
 {
     group_close(p);
     kvidx_jrec_t r;
     marker_rec(&r, KVIDX_JREC_BEGIN);
     size_t at = p->stage.len;
+    /* The BEGIN with room for the COMMIT after it. */
+    if (buf_reserve(&p->stage, 2 * MARKER_LEN) != 0) {
+        p->stage.failed = 0; /* nothing was written: the stage is intact */
+        return KVIDX_ENOMEM;
+    }
     append_rec(p, &r);
     if (p->stage.len == at)
-        return; /* out of memory: a gap is open, writes are refused */
+        return KVIDX_ENOMEM;
     p->group_open = 1;
     p->group_at = at;
     p->group_recs = 0;
+    return 0;
 }
 
 void group_close(struct persist *p)
@@ -125,11 +140,11 @@ void group_close(struct persist *p)
     if (p->group_recs >= 2) {
         kvidx_jrec_t r;
         marker_rec(&r, KVIDX_JREC_COMMIT);
-        append_rec(p, &r); /* out of memory: a gap, refusing writes until a snapshot */
+        append_rec(p, &r); /* cannot fail: every record of the group made room */
         return;
     }
     /* No record, or one (whole by itself): the BEGIN goes back out. */
-    size_t n = KVIDX_JREC_HDR_LEN + 1;
+    size_t n = MARKER_LEN;
     char *at = p->stage.data + p->group_at;
     memmove(at, at + n, p->stage.len - p->group_at - n);
     p->stage.len -= n;

@@ -88,13 +88,12 @@ int persist_refuse(const struct request *req, struct response *res)
         return 0;
     buf_reset(&p->capture);
     p->capturing = p->policy == FSYNC_ALWAYS;
+    p->req_epoch = p->gap_epoch;
     uv_mutex_lock(&p->mu);
     int failing = p->failing || p->gap || p->stalled;
     uv_mutex_unlock(&p->mu);
-    if (!failing) {
-        group_open(p);
+    if (!failing && group_open(p) == 0)
         return 0;
-    }
     res_problem(res, KVIDX_ESTORAGE, "the journal cannot be written; nothing was changed", NULL, 0);
     return 1;
 }
@@ -111,15 +110,23 @@ int persist_ack(const struct request *req, struct response *res)
     uv_mutex_lock(&p->mu);
     uint64_t durable = p->durable_seq;
     uv_mutex_unlock(&p->mu);
-    if (p->appended_seq <= durable || res->status >= 300) {
+    /* A record of this request that could not be encoded (a gap opened)
+     * leaves the journal short of it: the answer then waits for the
+     * snapshot the gap sets off, which holds the whole state. */
+    int gapped = p->gap_epoch != p->req_epoch;
+    if ((p->appended_seq <= durable && !gapped) || res->status >= 300) {
         buf_reset(&p->capture);
         return 0;
     }
     if (waiter_defer(p, res, capturing) != 0) {
-        buf_reset(&res->body);
-        res->extra_len = 0;
-        return res_problem(res, KVIDX_ENOMEM, "out of memory", NULL, 0);
+        /* The change is made and its records are on their way to the disk,
+         * but the answer cannot wait for them: it is lost (the connection
+         * closes), never a 503 that would say nothing changed. */
+        res->lost = 1;
+        return 0;
     }
+    if (gapped)
+        p->waiters->snap_epoch = p->gap_epoch; /* waiter_defer put it first */
     return HANDLER_ASYNC;
 }
 

@@ -69,6 +69,10 @@ struct waiter {
     struct buf undo; /* KEY and layout records of the states before this request */
     int ready;       /* on p->ready (being answered), not on p->waiters */
     int keep;        /* cannot be undone: on failure its change stays, answered as is */
+    /* Not 0: a record of this request could not be encoded (a gap), so
+     * the journal alone does not hold it; answered once a snapshot forked
+     * at a gap_epoch of at least this much is written. */
+    uint64_t snap_epoch;
     struct waiter *prev, *next;
 };
 
@@ -92,6 +96,10 @@ struct persist {
     int group_open;
     size_t group_at;
     uint64_t group_recs;
+    /* A failed start removed its new, empty journal (drop_unused_journal:
+     * before the daemon is ready, so no rotation can be pending and fd is
+     * still the one restore opened). */
+    int journal_dropped;
     struct waiter *waiters;
     /* Answers on_async is sending. Answering one can close its connection
      * and cancel others: waiter_cancel then unlinks them from here. */
@@ -112,6 +120,8 @@ struct persist {
                                next snapshot must rotate (a retry too), so that it goes */
     uint64_t gap_epoch;     /* counts such changes */
     uint64_t child_epoch;   /* gap_epoch when the running snapshot forked */
+    uint64_t snap_epoch;    /* child_epoch of the last snapshot written */
+    uint64_t req_epoch;     /* gap_epoch when the request being handled began */
     uint64_t cur_gen;       /* generation new records go to */
     uint64_t skipped;       /* records restore skipped for breaking the key rules */
     struct kvidx_dir_replay *dir_replay; /* restore only: the fleet directory's replayer */
@@ -140,7 +150,6 @@ struct persist {
     int fd;
     uint64_t wgen;
     off_t good_len;
-    int journal_dropped; /* a failed start removed its empty journal */
 };
 
 /* ---- files.c ---- */
@@ -267,10 +276,14 @@ void append_rec(struct persist *p, const kvidx_jrec_t *r);
 /* A request's records are framed by BEGIN and COMMIT so that a torn tail
  * drops the request whole (loop thread). group_open closes a group still
  * open first; group_close writes the COMMIT, or, for a group of no record
- * or of one (a record is whole by itself), takes the BEGIN back out. Both
+ * or of one (a record is whole by itself), takes the BEGIN back out. Every
+ * record appended inside a group reserves room for the COMMIT as well, so
+ * that closing a group never fails. A record that cannot be encoded inside
+ * a group opens a gap as anywhere else, and the COMMIT then seals what was
+ * written (the gap's snapshot restores the whole state). Both
  * are no-ops when there is nothing to do; hand_over closes an open group,
  * so a group never spans two hand-overs (nor a rotation). */
-void group_open(struct persist *p);
+int group_open(struct persist *p); /* 0, or KVIDX_ENOMEM (nothing written) */
 void group_close(struct persist *p);
 /* Appends the framed *r to b: 0, KVIDX_EINVAL or KVIDX_ENOMEM. */
 int encode_rec(struct buf *b, const kvidx_jrec_t *r);

@@ -490,12 +490,24 @@ static int journal_replay(struct persist *p, uint64_t gen, struct restore_counts
     size_t at = off, group_end;
     int got;
     while ((got = kvidx_journal_next(data, len, &off, &rec)) == 1) {
-        if (rec.type == KVIDX_JREC_BEGIN && !kvidx_journal_group_end(data, len, off, &group_end)) {
+        int g =
+            rec.type == KVIDX_JREC_BEGIN ? kvidx_journal_group_end(data, len, off, &group_end) : 1;
+        if (g == 0) {
             /* A request whose COMMIT never made it: a torn tail, dropped
              * whole from its BEGIN on. */
             off = at;
             got = KVIDX_EINVAL;
             break;
+        }
+        if (g == 2) {
+            /* A group never closed, followed by more: the writer cannot
+             * leave one (closing a group cannot fail), so it is damage;
+             * the group is skipped whole and the records after it kept. */
+            log_warn("journal %s: a request's records at bytes %zu..%zu have no end mark; "
+                     "skipped",
+                     path, at, group_end);
+            off = at = group_end;
+            continue;
         }
         if (rec.type == KVIDX_JREC_BEGIN || rec.type == KVIDX_JREC_COMMIT) {
             at = off;

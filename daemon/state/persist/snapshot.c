@@ -273,6 +273,10 @@ static void snapshot_done(struct persist *p)
     log_info("snapshot: generation %llu written; deleting the journals it covers",
              (unsigned long long)p->child_gen);
     p->snap_failed = 0;
+    /* Answers waiting for a snapshot (their journal had a gap) go now:
+     * on_async collects them. */
+    p->snap_epoch = p->child_epoch;
+    uv_async_send(&p->async);
     if (p->gap && p->gap_epoch == p->child_epoch) {
         p->gap = 0;
         p->hole = 0; /* the snapshot rotated past it; its journals go now */

@@ -110,9 +110,11 @@ int kvidx_journal_next(const uint8_t *buf, size_t len, size_t *off, kvidx_jrec_t
 
 /* For a BEGIN record just read (off is the first byte after it): 1 and
  * *end, the first byte after its COMMIT, when every record up to that
- * COMMIT is whole and valid; 0 when the group is incomplete: the journal
- * ends, a record is torn or corrupt, or another BEGIN comes first. An
- * incomplete group is a torn tail: nothing of it is replayed. */
+ * COMMIT is whole and valid; 0 when the journal ends or a record is torn
+ * or corrupt before one (a torn tail: nothing of the group is replayed);
+ * 2 and *end, the first byte of that BEGIN, when another BEGIN comes first
+ * (a group that was never closed, inside the journal: it is skipped and
+ * the replay goes on at *end). */
 int kvidx_journal_group_end(const uint8_t *buf, size_t len, size_t off, size_t *end);
 
 /* ---- snapshot ---- */

@@ -133,15 +133,20 @@ Test(journal, request_frames)
     cr_assert_eq(kvidx_journal_group_end(buf, len, first, &end), 0);
     buf[first + KVIDX_JREC_HDR_LEN + 3] ^= 1;
 
-    /* A second BEGIN before the COMMIT: the first group is incomplete. */
+    /* A second BEGIN before the COMMIT: the first group is incomplete ... */
     uint8_t nest[4096];
     size_t n = put_marker(nest, 0, KVIDX_JREC_BEGIN);
     size_t in = n;
     n = put_key(nest, n, 1);
+    size_t second = n;
     n = put_marker(nest, n, KVIDX_JREC_BEGIN);
     n = put_key(nest, n, 2);
     n = put_marker(nest, n, KVIDX_JREC_COMMIT);
-    cr_assert_eq(kvidx_journal_group_end(nest, n, in, &end), 0);
+    /* ... reported with where the next BEGIN starts, which is whole. */
+    cr_assert_eq(kvidx_journal_group_end(nest, n, in, &end), 2);
+    cr_assert_eq(end, second);
+    cr_assert_eq(kvidx_journal_group_end(nest, n, second + KVIDX_JREC_HDR_LEN + 1, &end), 1);
+    cr_assert_eq(end, n);
 
     /* Markers carry no more than their type byte. */
     uint8_t two[KVIDX_JREC_HDR_LEN + 2] = {2, 0, 0, 0, 0, 0, 0, 0, KVIDX_JREC_COMMIT, 0};
