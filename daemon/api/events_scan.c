@@ -728,10 +728,10 @@ int events_scan(const char *body, size_t n, const struct app *app, struct ev_bod
     /* Sized from the body so that a usual one needs no growth (an entry
      * of LMCache's takes about 200 bytes, a token id about 7), rounded up
      * to powers of two, and doubled past that; entries are capped, so that
-     * a token-heavy body does not allocate slots it never fills. With
-     * sizes that followed each body exactly, a 1000-entry request took a
-     * third more CPU in the benchmark (the allocator handed out fresh,
-     * faulting pages instead of reusing the previous request's blocks). */
+     * a token-heavy body does not allocate slots it never fills. Sizes
+     * that follow each body exactly cost about a third more CPU: the
+     * allocator then hands out fresh, faulting pages instead of reusing
+     * the previous request's blocks. */
     size_t ecap = n / 160 + 16, tcap = n / 8 + 16;
     if (grow((void **)&out->entries, &s.cap_e, ecap > 2048 ? 2048 : ecap, sizeof(*out->entries)) !=
             0 ||

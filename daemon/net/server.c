@@ -152,9 +152,14 @@ static void shed_connection(struct server *s, uv_stream_t *l)
     s->handles_open++;
     uv_tcp_init(s->app->loop, &s->spare);
     s->spare.data = s;
-    /* A failure here has closed the descriptor already; libuv resumes
-     * polling the listener either way once it is taken. */
-    (void)uv_accept(l, (uv_stream_t *)&s->spare);
+    /* libuv polls the listener again only when the accept succeeds; a
+     * fresh TCP handle cannot fail to take the descriptor, but if it ever
+     * did the listener would stop, so it is said loudly. */
+    int rc = uv_accept(l, (uv_stream_t *)&s->spare);
+    if (rc != 0)
+        log_error("accept: cannot take a pending connection into the spare handle (%s); "
+                  "the listener may have stopped",
+                  uv_strerror(rc));
     uv_close((uv_handle_t *)&s->spare, on_spare_closed);
 }
 
