@@ -94,8 +94,7 @@ void kvidx_index_free(kvidx_index_t *idx)
     kvidx_free(idx->spare_leaf);
     for (uint32_t i = 0; i < idx->nspare_inner; i++)
         kvidx_free(idx->spare_inner[i]);
-    kvidx_free(idx->ht);
-    kvidx_free(idx->ht_tag);
+    kvidx_free(idx->ht); /* the tags are in the same block */
     kvidx_free(idx->strs);
     kvidx_free(idx->ns_sorted);
     kvidx_free(idx->ns_ids);
@@ -170,7 +169,6 @@ void kvidx_index_find_batch(const kvidx_index_t *idx, const kvidx_key_t *keys, s
     const kvidx_key_t *prev = NULL;
     uint64_t hs[W];
     const ns_t *nss[W];
-    size_t mask = idx->ht_cap ? idx->ht_cap - 1 : 0;
     for (size_t w0 = 0; w0 < n; w0 += W) {
         size_t w1 = n - w0 < W ? n : w0 + W;
         for (size_t i = w0; i < w1; i++) {
@@ -189,21 +187,21 @@ void kvidx_index_find_batch(const kvidx_index_t *idx, const kvidx_key_t *keys, s
             nss[i - w0] = ns;
             tkey_t t = {k->kv_rank, k->group, k->hash_len, k->hash};
             hs[i - w0] = tk_hash_cached(idx, &hc, ns->id, &t);
-            PREFETCH(&idx->ht[hs[i - w0] & mask]);
-            PREFETCH(&idx->ht_tag[hs[i - w0] & mask]);
+            PREFETCH(&idx->ht[ht_home(idx, hs[i - w0])]);
+            PREFETCH(&idx->ht_tag[ht_home(idx, hs[i - w0])]);
         }
         for (size_t i = w0; i < w1; i++) {
             if (!nss[i - w0])
                 continue;
             /* The record of the first slot of the run whose tag matches. */
-            size_t j = hs[i - w0] & mask;
+            size_t j = ht_home(idx, hs[i - w0]);
             uint8_t tag = h_tag(hs[i - w0]);
             for (int step = 0; step < 4 && idx->ht[j] != KVIDX_REF_NONE; step++) {
                 if (idx->ht_tag[j] == tag) {
                     PREFETCH(rec_at(idx, idx->ht[j]));
                     break;
                 }
-                j = (j + 1) & mask;
+                j = ht_next(idx, j);
             }
         }
         for (size_t i = w0; i < w1; i++) {

@@ -249,8 +249,8 @@ struct kvidx_index {
     slab_t slabs[NCLASS];
 
     uint32_t *ht;
-    uint8_t *ht_tag; /* per slot: the top byte of its key's hash */
-    size_t ht_cap;   /* power of two, or 0 */
+    uint8_t *ht_tag; /* per slot: the top byte of its key's hash (after ht[], one block) */
+    size_t ht_cap;   /* slots (at most HT_CAP_MAX), or 0 */
     size_t ht_count;
 
     istr_t **strs; /* sorted by bytes */
@@ -540,13 +540,31 @@ static inline uint8_t h_tag(uint64_t h)
     return (uint8_t)(h >> 56);
 }
 
+/* The table has any number of slots up to 2^32 (3.8 billion keys at its
+ * 0.9 load), so that it can grow by half instead of doubling and a home
+ * slot is a 32-bit multiply-high. */
+#define HT_CAP_MAX ((uint64_t)1 << 32)
+
+/* The home slot of hash h: its low 32 bits scaled to the table's size by
+ * a multiply-high (no division, no power-of-two size). The tag is the top
+ * byte, so a slot's neighbours do not share their tags. */
+static inline size_t ht_home(const kvidx_index_t *idx, uint64_t h)
+{
+    return (size_t)(((h & UINT32_MAX) * (uint64_t)idx->ht_cap) >> 32);
+}
+
+/* The slot after j, wrapping at the end. */
+static inline size_t ht_next(const kvidx_index_t *idx, size_t j)
+{
+    return ++j == idx->ht_cap ? 0 : j;
+}
+
 static inline kvidx_ref_t ht_find_h(const kvidx_index_t *idx, uint32_t ns_id, const tkey_t *t,
                                     uint64_t h)
 {
     if (!idx->ht_cap)
         return KVIDX_REF_NONE;
-    size_t mask = idx->ht_cap - 1;
-    size_t j = (size_t)h & mask;
+    size_t j = ht_home(idx, h);
     uint8_t tag = h_tag(h);
     for (;;) {
         uint32_t ref = idx->ht[j];
@@ -558,7 +576,7 @@ static inline kvidx_ref_t ht_find_h(const kvidx_index_t *idx, uint32_t ns_id, co
                 rec_hl(r) == t->hash_len && hash_eq(rec_hash(r), t->hash, t->hash_len))
                 return ref;
         }
-        j = (j + 1) & mask;
+        j = ht_next(idx, j);
     }
 }
 
@@ -571,10 +589,9 @@ static inline kvidx_ref_t ht_find(const kvidx_index_t *idx, uint32_t ns_id, cons
  * have made room. */
 static inline void ht_insert(kvidx_index_t *idx, kvidx_ref_t ref, uint64_t h)
 {
-    size_t mask = idx->ht_cap - 1;
-    size_t j = (size_t)h & mask;
+    size_t j = ht_home(idx, h);
     while (idx->ht[j] != KVIDX_REF_NONE)
-        j = (j + 1) & mask;
+        j = ht_next(idx, j);
     idx->ht[j] = ref;
     idx->ht_tag[j] = h_tag(h);
     idx->ht_count++;

@@ -23,8 +23,9 @@ typedef struct load_need {
     uint64_t nl1, l2_bytes;
 } load_need_t;
 
-/* Deferred table inserts: pend[i] = home slot << 32 | ref, tag[i] its tag;
- * tmp and ttag are the sort's room. */
+/* Deferred table inserts: pend[i] = the low word of the hash << 32 | ref
+ * (the word that gives the home slot), tag[i] its tag; tmp and ttag are
+ * the sort's room. */
 typedef struct pending {
     uint64_t *pend, *tmp;
     uint8_t *tag, *ttag;
@@ -85,17 +86,13 @@ static void pending_flush(kvidx_index_t *idx, pending_t *p)
     p->n = 0;
 }
 
-/* Puts ref (hash h) in the table now or with the next flush. */
+/* Puts ref (hash h) in the table with the next flush. */
 static void load_table_insert(kvidx_index_t *idx, pending_t *p, kvidx_ref_t ref, uint64_t h)
 {
-    if (idx->ht_cap > (size_t)UINT32_MAX + 1) {
-        ht_insert(idx, ref, h); /* slots no longer fit the packing */
-        return;
-    }
     if (p->n == LOAD_PEND)
         pending_flush(idx, p);
     p->tag[p->n] = h_tag(h);
-    p->pend[p->n++] = (h & (idx->ht_cap - 1)) << 32 | ref;
+    p->pend[p->n++] = (h & UINT32_MAX) << 32 | ref;
 }
 
 /* Makes *ns the namespace of items[i], creating it when needed. */

@@ -113,8 +113,8 @@ static int put_lookup(const kvidx_index_t *idx, batch_t *b, size_t *conflict_ind
         tkey_t t = {k->kv_rank, k->group, k->hash_len, k->hash};
         work[i].ns = last_ns->id;
         work[i].h = tk_hash_cached(idx, &b->hc, last_ns->id, &t);
-        PREFETCH(&idx->ht[work[i].h & (idx->ht_cap - 1)]);
-        PREFETCH(&idx->ht_tag[work[i].h & (idx->ht_cap - 1)]);
+        PREFETCH(&idx->ht[ht_home(idx, work[i].h)]);
+        PREFETCH(&idx->ht_tag[ht_home(idx, work[i].h)]);
     }
     for (size_t i = 0; i < b->n; i++) {
         const kvidx_key_t *k = &items[i].key;

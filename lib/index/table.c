@@ -4,9 +4,14 @@
  * The table is open addressing over refs with a tag byte per slot (the top
  * byte of the key's hash), linear probing and backward-shift deletion, so
  * that no tombstones exist: every live record is in exactly one slot, at or
- * after its home slot with no empty slot in between, the table holds
- * nothing else, ht_count is the number of occupied slots, and the load
- * stays at or below 0.8 (ix_ht_reserve grows the table before any insert).
+ * after its home slot (cyclically) with no empty slot in between, the table
+ * holds nothing else, ht_count is the number of occupied slots, and the
+ * load stays at or below 0.9 (ix_ht_reserve grows the table before any
+ * insert). The size is any number of slots up to 2^32 and the home slot a
+ * multiply-high of the hash's low word (ht_home), so the table grows by
+ * half rather than doubling: over a growth cycle it is on average a
+ * quarter smaller than a doubling table at a 0.8 maximum load, and
+ * the 5 bytes a slot costs are most of a small key's overhead.
  * The hash of a key is keyed SipHash-1-3, split in a chunk part and a rank
  * part (index_int.h, tk_hash); the probe and the single insert are inlined
  * there too.
@@ -50,44 +55,52 @@ uint64_t kvidx_index_key_hash64(const kvidx_index_t *idx, const kvidx_key_t *k)
     return sip(idx, buf, n);
 }
 
-/* Makes room for extra more refs (rehashing into a larger table). */
+/* Makes room for extra more refs (rehashing into a larger table). The
+ * table grows by half each time, to keep the load at or below 0.9: a
+ * probe run at that load is a few slots, which the tag bytes let a lookup
+ * pass without reading records. */
 int ix_ht_reserve(kvidx_index_t *idx, size_t extra)
 {
     size_t want = idx->ht_count + extra;
     size_t cap = idx->ht_cap ? idx->ht_cap : 1024;
-    while (want > cap / 5 * 4) {
+    while (want > cap / 10 * 9) {
+        if ((uint64_t)cap >= HT_CAP_MAX)
+            return KVIDX_ECAPACITY;
         if (cap > SIZE_MAX / 8)
             return KVIDX_ENOMEM;
-        cap *= 2;
+        cap += cap / 2;
+        if ((uint64_t)cap > HT_CAP_MAX)
+            cap = (size_t)HT_CAP_MAX;
     }
     if (cap == idx->ht_cap)
         return 0;
-    uint32_t *t = kvidx_malloc_large(cap * sizeof(*t));
-    uint8_t *tg = kvidx_malloc_large(cap);
-    if (!t || !tg) {
-        kvidx_free(t);
-        kvidx_free(tg);
+    /* Refs and tags are one block, the tags after the refs: a table of
+     * more than 32 MiB is then always mapped on its own (glibc's largest
+     * mmap threshold) and given back whole when it is replaced, instead of
+     * leaving a hole in the heap. */
+    uint32_t *t = kvidx_malloc_large(cap * (sizeof(*t) + 1));
+    if (!t)
         return KVIDX_ENOMEM;
-    }
+    uint8_t *tg = (uint8_t *)(t + cap);
     memset(t, 0xff, cap * sizeof(*t));
     memset(tg, 0, cap);
-    size_t mask = cap - 1;
-    for (size_t i = 0; i < idx->ht_cap; i++) {
-        uint32_t ref = idx->ht[i];
-        if (ref == KVIDX_REF_NONE)
-            continue;
-        uint64_t h = ref_hash(idx, ref);
-        size_t j = (size_t)h & mask;
-        while (t[j] != KVIDX_REF_NONE)
-            j = (j + 1) & mask;
-        t[j] = ref;
-        tg[j] = h_tag(h);
-    }
-    kvidx_free(idx->ht);
-    kvidx_free(idx->ht_tag);
+    uint32_t *old = idx->ht;
+    size_t old_cap = idx->ht_cap;
     idx->ht = t;
     idx->ht_tag = tg;
     idx->ht_cap = cap;
+    for (size_t i = 0; i < old_cap; i++) {
+        uint32_t ref = old[i];
+        if (ref == KVIDX_REF_NONE)
+            continue;
+        uint64_t h = ref_hash(idx, ref);
+        size_t j = ht_home(idx, h);
+        while (t[j] != KVIDX_REF_NONE)
+            j = ht_next(idx, j);
+        t[j] = ref;
+        tg[j] = h_tag(h);
+    }
+    kvidx_free(old);
     return 0;
 }
 
@@ -95,17 +108,16 @@ int ix_ht_reserve(kvidx_index_t *idx, size_t extra)
  * probe run back so that lookups never need tombstones. */
 void ix_ht_remove(kvidx_index_t *idx, kvidx_ref_t ref)
 {
-    size_t mask = idx->ht_cap - 1;
-    size_t i = (size_t)ref_hash(idx, ref) & mask;
+    size_t i = ht_home(idx, ref_hash(idx, ref));
     while (idx->ht[i] != ref)
-        i = (i + 1) & mask;
+        i = ht_next(idx, i);
     size_t j = i;
     for (;;) {
-        j = (j + 1) & mask;
+        j = ht_next(idx, j);
         uint32_t r = idx->ht[j];
         if (r == KVIDX_REF_NONE)
             break;
-        size_t home = (size_t)ref_hash(idx, r) & mask;
+        size_t home = ht_home(idx, ref_hash(idx, r));
         /* r may move to i only if its home is not in (i, j] cyclically. */
         int between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
         if (!between) {
@@ -118,19 +130,17 @@ void ix_ht_remove(kvidx_index_t *idx, kvidx_ref_t ref)
     idx->ht_count--;
 }
 
-/* Inserts n refs known to be absent, each given as home slot << 32 | ref
- * with its tag in ptag, in slot order (a counting sort on the slot's top
- * bits into tmp, ttag): the table is then swept once instead of probed at
- * random. ix_ht_reserve must have made room. */
+/* Inserts n refs known to be absent, each given as the low word of its
+ * hash << 32 | ref with its tag in ptag, in slot order (a counting sort on
+ * the hash word's top bits into tmp, ttag; the home slot grows with that
+ * word): the table is then swept once instead of probed at random.
+ * ix_ht_reserve must have made room. */
 void ix_ht_insert_sorted(kvidx_index_t *idx, const uint64_t *pend, const uint8_t *ptag, size_t n,
                          uint64_t *tmp, uint8_t *ttag)
 {
     enum { BITS = 12 };
     uint32_t count[(1u << BITS) + 1];
-    unsigned lg = 0;
-    while (((size_t)1 << lg) < idx->ht_cap)
-        lg++;
-    unsigned shift = 32 + (lg > BITS ? lg - BITS : 0);
+    const unsigned shift = 64 - BITS;
     memset(count, 0, sizeof(count));
     for (size_t i = 0; i < n; i++)
         count[(pend[i] >> shift) + 1]++;
@@ -141,11 +151,10 @@ void ix_ht_insert_sorted(kvidx_index_t *idx, const uint64_t *pend, const uint8_t
         tmp[at] = pend[i];
         ttag[at] = ptag[i];
     }
-    size_t mask = idx->ht_cap - 1;
     for (size_t i = 0; i < n; i++) {
-        size_t j = (size_t)(tmp[i] >> 32);
+        size_t j = ht_home(idx, tmp[i] >> 32);
         while (idx->ht[j] != KVIDX_REF_NONE)
-            j = (j + 1) & mask;
+            j = ht_next(idx, j);
         idx->ht[j] = (uint32_t)tmp[i];
         idx->ht_tag[j] = ttag[i];
     }
