@@ -6,12 +6,13 @@
  * chained left to right from ns->first. All leaves are at depth ns->height
  * and none is empty (a leaf that loses its last key is freed, as is an
  * inner node that loses its last child, and a root with one child
- * collapses); there is no other rebalancing. Separators in inner nodes are
- * copies of keys, never refs, so deleting a record never leaves a dangling
- * separator: every key under child i of a node is >= separator i - 1 and
- * < separator i. An insert never fails half-way: tree_prepare
- * (index_int.h) first puts one leaf and height + 1 inner nodes in reserve,
- * and deletion never allocates.
+ * collapses); there is no other rebalancing on delete. A full node shares
+ * its keys with a sibling that has room before it splits (leaf_share,
+ * inner_share), so nodes stay fuller than the half that a split leaves. Separators in inner nodes
+ * are copies of keys, never refs, so deleting a record never leaves a dangling separator: every key
+ * under child i of a node is >= separator i - 1 and < separator i. An insert never fails half-way:
+ * tree_prepare (index_int.h) first puts one leaf and height + 1 inner nodes in reserve, and
+ * deletion never allocates.
  */
 #include "index_int.h"
 
@@ -85,8 +86,74 @@ static inner_t *take_inner(kvidx_index_t *idx)
     return idx->spare_inner[--idx->nspare_inner];
 }
 
+/* A full node shares its keys with a sibling that has this many free
+ * slots or more, instead of splitting. */
+#define SHARE_MIN 8
+
+/* Puts (sep, child) into the inner node in, which has room, as child
+ * number pos with sep on its left. */
+static void inner_put(inner_t *in, uint32_t pos, const skey_t *sep, void *child)
+{
+    memmove(&in->sep[pos], &in->sep[pos - 1], (in->n - pos) * sizeof(skey_t));
+    memmove(&in->child[pos + 1], &in->child[pos], (in->n - pos) * sizeof(void *));
+    in->sep[pos - 1] = *sep;
+    in->child[pos] = child;
+    in->n++;
+}
+
+/* Puts (sep, child) as child number pos of the full inner node at level
+ * d of the path by first moving children to a sibling of the same parent
+ * that has room: half of the sibling's room, through the parent's
+ * separator between the two (a rotation), as leaf_share does for leaves;
+ * 0 when neither sibling has room. */
+static int inner_share(inner_t **path, const uint32_t *pidx, int d, uint32_t pos, const skey_t *sep,
+                       void *child)
+{
+    if (d == 0)
+        return 0;
+    inner_t *in = path[d], *p = path[d - 1];
+    uint32_t i = pidx[d - 1];
+    if (i + 1 < p->n && ((inner_t *)p->child[i + 1])->n <= INNER_CAP - SHARE_MIN) {
+        /* The last m children of in go to the front of its right sibling. */
+        inner_t *b = p->child[i + 1];
+        uint32_t m = (INNER_CAP - b->n + 1) / 2, keep = in->n - m;
+        memmove(&b->sep[m], &b->sep[0], (b->n - 1) * sizeof(skey_t));
+        memmove(&b->child[m], &b->child[0], b->n * sizeof(void *));
+        b->sep[m - 1] = p->sep[i];
+        memcpy(&b->sep[0], &in->sep[keep], (m - 1) * sizeof(skey_t));
+        memcpy(&b->child[0], &in->child[keep], m * sizeof(void *));
+        b->n += m;
+        p->sep[i] = in->sep[keep - 1];
+        in->n = keep;
+        if (pos <= keep)
+            inner_put(in, pos, sep, child);
+        else
+            inner_put(b, pos - keep, sep, child);
+        return 1;
+    }
+    if (i > 0 && ((inner_t *)p->child[i - 1])->n <= INNER_CAP - SHARE_MIN) {
+        /* The first m children of in go to the end of its left sibling. */
+        inner_t *a = p->child[i - 1];
+        uint32_t m = (INNER_CAP - a->n + 1) / 2, na = a->n;
+        a->sep[na - 1] = p->sep[i - 1];
+        memcpy(&a->sep[na], &in->sep[0], (m - 1) * sizeof(skey_t));
+        memcpy(&a->child[na], &in->child[0], m * sizeof(void *));
+        a->n += m;
+        p->sep[i - 1] = in->sep[m - 1];
+        memmove(&in->sep[0], &in->sep[m], (in->n - 1 - m) * sizeof(skey_t));
+        memmove(&in->child[0], &in->child[m], (in->n - m) * sizeof(void *));
+        in->n -= m;
+        if (pos <= m)
+            inner_put(a, na + pos, sep, child);
+        else
+            inner_put(in, pos - m, sep, child);
+        return 1;
+    }
+    return 0;
+}
+
 /* Inserts (sep, child) as child number pos of the inner node at level d of
- * the path, splitting upward as needed. */
+ * the path, sharing with a sibling or splitting upward as needed. */
 static void inner_insert(kvidx_index_t *idx, ns_t *ns, inner_t **path, uint32_t *pidx, int d,
                          const skey_t *sep, void *child)
 {
@@ -95,13 +162,11 @@ static void inner_insert(kvidx_index_t *idx, ns_t *ns, inner_t **path, uint32_t 
         inner_t *in = path[d];
         uint32_t pos = pidx[d] + 1;
         if (in->n < INNER_CAP) {
-            memmove(&in->sep[pos], &in->sep[pos - 1], (in->n - pos) * sizeof(skey_t));
-            memmove(&in->child[pos + 1], &in->child[pos], (in->n - pos) * sizeof(void *));
-            in->sep[pos - 1] = *sep;
-            in->child[pos] = child;
-            in->n++;
+            inner_put(in, pos, sep, child);
             return;
         }
+        if (inner_share(path, pidx, d, pos, sep, child))
+            return;
         /* Split: gather n + 1 children and n separators, halve them. */
         skey_t seps[INNER_CAP];
         void *kids[INNER_CAP + 1];
@@ -149,8 +214,51 @@ static leaf_t *tree_descend(const ns_t *ns, const tkey_t *t, inner_t **path, uin
     return node;
 }
 
-/* Inserts ref at position pos of leaf l, reached by path/pidx; splits
- * upward as needed. tree_prepare must have succeeded. */
+/* Inserts ref at position pos of the full leaf l (reached by path/pidx)
+ * by sharing the keys of l and a sibling of the same parent that has room
+ * evenly between the two, and moving the separator between them to the
+ * right one's first key; 0 when neither sibling has room. A split leaves
+ * two half-full leaves, so under inserts in random order leaves settle
+ * near 70% full; sharing first keeps them fuller for the price of a copy
+ * of the two leaves, no more than a split costs. */
+static int leaf_share(kvidx_index_t *idx, const ns_t *ns, inner_t **path, const uint32_t *pidx,
+                      leaf_t *l, uint32_t pos, kvidx_ref_t ref)
+{
+    if (ns->height == 0)
+        return 0;
+    inner_t *p = path[ns->height - 1];
+    uint32_t i = pidx[ns->height - 1];
+    leaf_t *a, *b; /* the left and right leaf of the pair */
+    uint32_t s;    /* the separator between them */
+    if (i + 1 < p->n && ((leaf_t *)p->child[i + 1])->n <= LEAF_CAP - SHARE_MIN) {
+        a = l;
+        b = p->child[i + 1];
+        s = i;
+    } else if (i > 0 && ((leaf_t *)p->child[i - 1])->n <= LEAF_CAP - SHARE_MIN) {
+        a = p->child[i - 1];
+        b = l;
+        s = i - 1;
+        pos += a->n;
+    } else {
+        return 0;
+    }
+    uint32_t all[2 * LEAF_CAP];
+    uint32_t total = a->n + b->n + 1;
+    memcpy(all, a->refs, a->n * sizeof(uint32_t));
+    memcpy(all + a->n, b->refs, b->n * sizeof(uint32_t));
+    memmove(all + pos + 1, all + pos, (total - 1 - pos) * sizeof(uint32_t));
+    all[pos] = ref;
+    a->n = total / 2;
+    b->n = total - a->n;
+    memcpy(a->refs, all, a->n * sizeof(uint32_t));
+    memcpy(b->refs, all + a->n, b->n * sizeof(uint32_t));
+    sep_from_rec(&p->sep[s], rec_at(idx, b->refs[0]));
+    return 1;
+}
+
+/* Inserts ref at position pos of leaf l, reached by path/pidx; shares
+ * with a sibling or splits upward as needed. tree_prepare must have
+ * succeeded. */
 static void tree_insert_at(kvidx_index_t *idx, ns_t *ns, inner_t **path, uint32_t *pidx, leaf_t *l,
                            uint32_t pos, kvidx_ref_t ref)
 {
@@ -160,8 +268,12 @@ static void tree_insert_at(kvidx_index_t *idx, ns_t *ns, inner_t **path, uint32_
         l->n++;
         return;
     }
-    /* Split. Appending at the end of a full leaf (ascending inserts) moves
-     * only the new key to the right, so such leaves stay full. */
+    /* Appending at the end of a full leaf (ascending inserts) moves only
+     * the new key to a new leaf on the right, so such leaves stay full;
+     * any other insert into a full leaf shares with a sibling if one has
+     * room, else splits the leaf in halves. */
+    if (pos < LEAF_CAP && leaf_share(idx, ns, path, pidx, l, pos, ref))
+        return;
     leaf_t *r = take_leaf(idx);
     if (pos == LEAF_CAP) {
         r->n = 1;

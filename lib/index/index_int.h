@@ -148,7 +148,9 @@ typedef struct ns_slot {
 
 /* ---- B+tree ---- */
 
-#define LEAF_CAP  126
+/* 129 refs make a leaf 536 bytes, which a malloc of 528 would round up
+ * to anyway (glibc's chunks are 8 bytes of header plus a multiple of 16). */
+#define LEAF_CAP  129
 #define INNER_CAP 64
 #define MAXH      48 /* no rebalancing on delete: allow generous heights */
 
