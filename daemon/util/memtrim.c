@@ -6,11 +6,10 @@
  *    such a block is freed it raises that threshold to the block's size
  *    (and the heap's trim threshold to twice that): from then on blocks
  *    of up to that size come from the heap, where a freed one becomes a
- *    hole between small blocks allocated meanwhile or
- *    stays at the top below the raised trim threshold. Fixing both
- *    thresholds at glibc's default, 128 KiB (mallopt), turns that
- *    adjustment off: big blocks are mapped and unmapped, the heap's top is
- *    returned above 128 KiB;
+ *    hole between small blocks allocated meanwhile or stays at the top,
+ *    below the raised trim threshold. Fixing both thresholds at glibc's
+ *    default, 128 KiB (mallopt), turns that adjustment off: big blocks are
+ *    mapped and unmapped, the heap's top is returned above 128 KiB;
  *  - each thread that allocates (the journal writer, the fs source's scan
  *    thread, libuv's pool) may get an arena of its own that keeps its peak:
  *    at most MEMTRIM_ARENAS arenas, the loop thread's and one shared;
@@ -46,7 +45,7 @@ enum {
     MEMTRIM_THRESHOLD = 128 * 1024, /* glibc's default, kept fixed */
     MEMTRIM_ARENAS = 2,
     MEMTRIM_EVERY_MS = 1000,
-    MEMTRIM_MIN_FREE = 1 << 20,
+    MEMTRIM_MIN_FREE = 256 * 1024,
     MEMTRIM_REGROW = 256 * 1024,
 };
 
