@@ -18,8 +18,9 @@
  *    is ~2 MiB of parser nodes) leaves that much free but resident memory
  *    behind whenever a longer-lived block was allocated above it. Every
  *    MEMTRIM_EVERY_MS, when at least MEMTRIM_MIN_FREE bytes are free in
- *    malloc and the resident size grew by MEMTRIM_REGROW since the last
- *    trim, malloc_trim(0) gives the free pages back to the kernel
+ *    malloc and the resident bytes not held by blocks in use (resident
+ *    size minus mallinfo2's uordblks) grew by MEMTRIM_REGROW since the
+ *    last trim, malloc_trim(0) gives the free pages back to the kernel
  *    (MADV_DONTNEED; the chunks stay free, a later use faults the page in
  *    again). A call costs ~0.05-0.5 ms on a heap of a few MiB; the check
  *    (mallinfo2 and one read of /proc/self/statm) ~10 us.
@@ -87,16 +88,21 @@ static void on_tick(uv_timer_t *t)
     struct mallinfo2 mi = mallinfo2();
     if (mi.fordblks < MEMTRIM_MIN_FREE)
         return;
-    /* The free pages were given back at the last trim unless the resident
-     * size grew since: a trim now would walk the same free lists again. */
+    /* Resident bytes beyond the blocks in use: free memory still resident
+     * plus what malloc does not count (code, stacks, untouched maps). If
+     * that did not grow since the last trim, a trim now would walk the same
+     * free lists again for nothing. Blocks freed since then count, even
+     * when the resident size itself did not grow. */
     uint64_t rss = resident_bytes();
-    if (rss && m->rss_after && rss < m->rss_after + MEMTRIM_REGROW)
+    int64_t slack = (int64_t)rss - (int64_t)mi.uordblks;
+    if (rss && m->trims && slack < m->slack_after + MEMTRIM_REGROW)
         return;
     uint64_t t0 = mono_ns();
     malloc_trim(0);
     m->trim_ns += mono_ns() - t0;
     m->trims++;
-    m->rss_after = resident_bytes();
+    mi = mallinfo2();
+    m->slack_after = (int64_t)resident_bytes() - (int64_t)mi.uordblks;
 #else
     (void)m;
 #endif
@@ -106,7 +112,7 @@ int memtrim_start(struct memtrim *m, uv_loop_t *loop)
 {
     m->trims = 0;
     m->trim_ns = 0;
-    m->rss_after = 0;
+    m->slack_after = 0;
 #ifdef __GLIBC__
     int rc = uv_timer_init(loop, &m->timer);
     if (rc != 0)

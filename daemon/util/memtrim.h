@@ -13,9 +13,9 @@
 struct memtrim {
     uv_timer_t timer;
     int on;
-    uint64_t trims;     /* malloc_trim calls made (read with a debugger) */
-    uint64_t trim_ns;   /* time spent in them */
-    uint64_t rss_after; /* resident bytes after the last trim */
+    uint64_t trims;      /* malloc_trim calls made (read with a debugger) */
+    uint64_t trim_ns;    /* time spent in them */
+    int64_t slack_after; /* resident bytes minus bytes in use, after the last trim */
 };
 
 /* Fixes glibc's mmap and trim thresholds and caps its arenas; call before
