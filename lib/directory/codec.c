@@ -655,6 +655,83 @@ static int replay_binding(rd_t *r, kvidx_directory_t *d)
     return rc;
 }
 
+/* A registration, a drop, a token cap or a state record (every kind but
+ * the batches'), from r after its kind byte. */
+static int replay_record(kvidx_dir_replay_t *rp, kvidx_directory_t *d, rd_t *r, int kind)
+{
+    kvidx_dir_record_t rec;
+    memset(&rec, 0, sizeof(rec));
+    kvidx_dir_placement_t *pl = NULL;
+    int rc = 0;
+    switch (kind) {
+    case B_REGISTER:
+    case B_S_INSTANCE:
+        r_instance(r, &rec.instance);
+        rec.instance.last_seen_ms = rp->now_ms;
+        if (r->bad || r->off != r->len)
+            return KVIDX_EINVAL;
+        if (kind == B_REGISTER)
+            return kvidx_directory_register(d, &rec.instance, NULL);
+        rec.type = KVIDX_DIR_REC_INSTANCE;
+        break;
+    case B_DROP: {
+        size_t n;
+        const char *id = r_str(r, &n);
+        if (r->bad || r->off != r->len)
+            return KVIDX_EINVAL;
+        kvidx_directory_deregister(d, id, n);
+        return 0;
+    }
+    case B_TOKEN_CAP: {
+        uint64_t cap = r_uint(r, 8);
+        if (r->bad || r->off != r->len)
+            return KVIDX_EINVAL;
+        kvidx_directory_set_token_cap(d, cap);
+        return 0;
+    }
+    case B_S_STREAM: {
+        kvidx_dir_stream_t *s = &rec.stream;
+        rec.type = KVIDX_DIR_REC_STREAM;
+        s->instance_id = r_str(r, &s->instance_len);
+        s->incarnation = r_uint(r, 8);
+        s->last_seq = r_uint(r, 8);
+        s->gap = (int)r_uint(r, 1);
+        s->applied = r_uint(r, 8);
+        s->duplicates = r_uint(r, 8);
+        s->stale = r_uint(r, 8);
+        s->last_ts = r_f64(r);
+        break;
+    }
+    case B_S_CAPACITY: {
+        kvidx_dir_capacity_t *c = &rec.capacity;
+        rec.type = KVIDX_DIR_REC_CAPACITY;
+        c->instance_id = r_str(r, &c->instance_len);
+        c->incarnation = r_uint(r, 8);
+        c->capacity_revision = r_uint(r, 8);
+        c->tier = (kvidx_dir_tier_t)r_uint(r, 1);
+        c->backend = r_str(r, &c->backend_len);
+        c->capacity_bytes = r_uint(r, 8);
+        c->shared = (int)r_uint(r, 1);
+        break;
+    }
+    case B_S_KEY:
+        rc = read_key(r, &rec, &pl);
+        if (rc)
+            return rc;
+        break;
+    case B_S_BINDING:
+        return replay_binding(r, d);
+    default:
+        return KVIDX_EINVAL;
+    }
+    if (r->bad || r->off != r->len)
+        rc = KVIDX_EINVAL;
+    else
+        rc = kvidx_directory_load(d, &rec);
+    kvidx_free(pl);
+    return rc;
+}
+
 int kvidx_dir_replay_blob(kvidx_dir_replay_t *rp, kvidx_directory_t *d, const uint8_t *blob,
                           size_t len)
 {
@@ -703,75 +780,5 @@ int kvidx_dir_replay_blob(kvidx_dir_replay_t *rp, kvidx_directory_t *d, const ui
         }
         return rc;
     }
-    kvidx_dir_record_t rec;
-    memset(&rec, 0, sizeof(rec));
-    kvidx_dir_placement_t *pl = NULL;
-    int rc = 0;
-    switch (kind) {
-    case B_REGISTER:
-    case B_S_INSTANCE:
-        r_instance(&r, &rec.instance);
-        rec.instance.last_seen_ms = rp->now_ms;
-        if (r.bad || r.off != r.len)
-            return KVIDX_EINVAL;
-        if (kind == B_REGISTER)
-            return kvidx_directory_register(d, &rec.instance, NULL);
-        rec.type = KVIDX_DIR_REC_INSTANCE;
-        break;
-    case B_DROP: {
-        size_t n;
-        const char *id = r_str(&r, &n);
-        if (r.bad || r.off != r.len)
-            return KVIDX_EINVAL;
-        kvidx_directory_deregister(d, id, n);
-        return 0;
-    }
-    case B_TOKEN_CAP: {
-        uint64_t cap = r_uint(&r, 8);
-        if (r.bad || r.off != r.len)
-            return KVIDX_EINVAL;
-        kvidx_directory_set_token_cap(d, cap);
-        return 0;
-    }
-    case B_S_STREAM: {
-        kvidx_dir_stream_t *s = &rec.stream;
-        rec.type = KVIDX_DIR_REC_STREAM;
-        s->instance_id = r_str(&r, &s->instance_len);
-        s->incarnation = r_uint(&r, 8);
-        s->last_seq = r_uint(&r, 8);
-        s->gap = (int)r_uint(&r, 1);
-        s->applied = r_uint(&r, 8);
-        s->duplicates = r_uint(&r, 8);
-        s->stale = r_uint(&r, 8);
-        s->last_ts = r_f64(&r);
-        break;
-    }
-    case B_S_CAPACITY: {
-        kvidx_dir_capacity_t *c = &rec.capacity;
-        rec.type = KVIDX_DIR_REC_CAPACITY;
-        c->instance_id = r_str(&r, &c->instance_len);
-        c->incarnation = r_uint(&r, 8);
-        c->capacity_revision = r_uint(&r, 8);
-        c->tier = (kvidx_dir_tier_t)r_uint(&r, 1);
-        c->backend = r_str(&r, &c->backend_len);
-        c->capacity_bytes = r_uint(&r, 8);
-        c->shared = (int)r_uint(&r, 1);
-        break;
-    }
-    case B_S_KEY:
-        rc = read_key(&r, &rec, &pl);
-        if (rc)
-            return rc;
-        break;
-    case B_S_BINDING:
-        return replay_binding(&r, d);
-    default:
-        return KVIDX_EINVAL;
-    }
-    if (r.bad || r.off != r.len)
-        rc = KVIDX_EINVAL;
-    else
-        rc = kvidx_directory_load(d, &rec);
-    kvidx_free(pl);
-    return rc;
+    return replay_record(rp, d, &r, kind);
 }
