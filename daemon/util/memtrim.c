@@ -4,12 +4,15 @@
  *
  *  - glibc serves a request of 128 KiB or more with its own mmap, but when
  *    such a block is freed it raises that threshold to the block's size
- *    (and the heap's trim threshold to twice that): from then on blocks
- *    of up to that size come from the heap, where a freed one becomes a
- *    hole between small blocks allocated meanwhile or stays at the top,
- *    below the raised trim threshold. Fixing both thresholds at glibc's
- *    default, 128 KiB (mallopt), turns that adjustment off: big blocks are
- *    mapped and unmapped, the heap's top is returned above 128 KiB;
+ *    (and the heap's trim threshold to twice that), so where big blocks
+ *    live depends on the history of the process. Both are fixed at
+ *    MEMTRIM_THRESHOLD (mallopt), which turns that adjustment off. Not at
+ *    glibc's 128 KiB: request bodies and the fast scanners' arrays of 100
+ *    KB to a few MB would then be mapped afresh for every request, their
+ *    pages faulting in each time, which costs a 1000-key store or lookup
+ *    about as much as everything else it does. From the heap they reuse
+ *    resident pages; what they leave free is handed back by the trim
+ *    below;
  *  - each thread that allocates (the journal writer, the fs source's scan
  *    thread, libuv's pool) may get an arena of its own that keeps its peak:
  *    at most MEMTRIM_ARENAS arenas, the loop thread's and one shared;
@@ -43,7 +46,7 @@
 #endif
 
 enum {
-    MEMTRIM_THRESHOLD = 128 * 1024, /* glibc's default, kept fixed */
+    MEMTRIM_THRESHOLD = 32 * 1024 * 1024, /* glibc's largest dynamic value, kept fixed */
     MEMTRIM_ARENAS = 2,
     MEMTRIM_EVERY_MS = 1000,
     MEMTRIM_MIN_FREE = 256 * 1024,
