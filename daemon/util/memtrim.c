@@ -2,17 +2,14 @@
  * Allocator hygiene for glibc malloc: settings that keep the resident size
  * close to the bytes in use under a long mixed load. What they correct:
  *
- *  - glibc serves a request of 128 KiB or more with its own mmap, but when
- *    such a block is freed it raises that threshold to the block's size
- *    (and the heap's trim threshold to twice that), so where big blocks
- *    live depends on the history of the process. Both are fixed at
- *    MEMTRIM_THRESHOLD (mallopt), which turns that adjustment off. Not at
- *    glibc's 128 KiB: request bodies and the fast scanners' arrays of 100
- *    KB to a few MB would then be mapped afresh for every request, their
- *    pages faulting in each time, which costs a 1000-key store or lookup
- *    about as much as everything else it does. From the heap they reuse
- *    resident pages; what they leave free is handed back by the trim
- *    below;
+ *  - glibc's mmap and trim thresholds are left as glibc moves them (a
+ *    freed mapped block raises them to its size). Fixed at glibc's first
+ *    128 KiB, every request body and fast-scanner array of 100 KB or more
+ *    is mapped afresh per request and faults its pages in each time, which
+ *    costs a 1000-key store or lookup about as much as the rest of its
+ *    work; fixed at 32 MiB, the heap's top is no longer trimmed on free and
+ *    2 MiB of a big request's transient memory stays resident between
+ *    trims. Both were measured in the soak (tests/soak/soak.py);
  *  - each thread that allocates (the journal writer, the fs source's scan
  *    thread, libuv's pool) may get an arena of its own that keeps its peak:
  *    at most MEMTRIM_ARENAS arenas, the loop thread's and one shared;
@@ -46,7 +43,6 @@
 #endif
 
 enum {
-    MEMTRIM_THRESHOLD = 32 * 1024 * 1024, /* glibc's largest dynamic value, kept fixed */
     MEMTRIM_ARENAS = 2,
     MEMTRIM_EVERY_MS = 1000,
     MEMTRIM_MIN_FREE = 256 * 1024,
@@ -56,8 +52,6 @@ enum {
 void memtrim_setup(void)
 {
 #ifdef __GLIBC__
-    mallopt(M_MMAP_THRESHOLD, MEMTRIM_THRESHOLD);
-    mallopt(M_TRIM_THRESHOLD, MEMTRIM_THRESHOLD);
     mallopt(M_ARENA_MAX, MEMTRIM_ARENAS);
 #endif
 }
