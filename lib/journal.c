@@ -7,7 +7,8 @@
  * Invariants: every decoder bounds-checks before it reads, never trusts a
  * length from the buffer beyond KVIDX_JREC_PAYLOAD_MAX or the bytes
  * present, and accepts a payload only when it is exactly as long as its
- * fields say. Decoded keys pass the same shape checks the index applies
+ * fields say (a KEYS record: exactly as many states as its count, each
+ * valid). Decoded keys pass the same shape checks the index applies
  * (lengths, size range), so a replayed record can always be applied. No
  * I/O, no allocation, no global mutable state.
  */
@@ -179,13 +180,17 @@ int kvidx_journal_header_decode(const uint8_t *p, size_t n, uint64_t *generation
  *      size u64, model, salt, hash
  * LAYOUT_PUT/DEL: type, world_size, model_len, model, [blob]
  * NS: type, model_len, salt_len, model, salt
- * SKEY: type, tiers, hash_len, group u16, rank u32, size u64, hash
+ * SKEY: type, state
+ * KEYS: type, model_len, salt_len, count u32, model, salt, count states
  * DIR: type, blob (1..KVIDX_JREC_DIR_BLOB_MAX bytes)
- * BEGIN, COMMIT: type */
-#define KEY_FIXED  19
-#define LAY_FIXED  3
-#define NS_FIXED   3
-#define SKEY_FIXED 17
+ * BEGIN, COMMIT: type
+ * where a state is: tiers, hash_len, group u16, rank u32, size u64, hash */
+#define KEY_FIXED   19
+#define LAY_FIXED   3
+#define NS_FIXED    3
+#define STATE_FIXED KVIDX_JKEYS_STATE_FIXED
+#define SKEY_FIXED  (1 + STATE_FIXED)
+#define KEYS_FIXED  KVIDX_JKEYS_FIXED
 
 static int state_ok(uint8_t tiers, uint64_t size, int allow_gone)
 {
@@ -206,12 +211,65 @@ static int model_ok(size_t ml)
     return ml >= 1 && ml <= KVIDX_MODEL_MAX;
 }
 
+static int ns_ok(size_t ml, size_t sl)
+{
+    return model_ok(ml) && sl <= KVIDX_SALT_MAX;
+}
+
+/* Writes the state of KEY record *r (its key's rank, group and hash, its
+ * tiers and size) at q: STATE_FIXED + hash_len bytes. */
+static void state_put(uint8_t *q, const kvidx_jrec_t *r)
+{
+    const kvidx_key_t *k = &r->key;
+    q[0] = r->tiers;
+    q[1] = k->hash_len;
+    put16(q + 2, k->group);
+    put32(q + 4, k->kv_rank);
+    put64(q + 8, r->size_bytes);
+    memcpy(q + STATE_FIXED, k->hash, k->hash_len);
+}
+
+/* Reads the state at p[0..n) into *rec: its bytes, or 0 when they are not
+ * a whole valid state (allow_gone: tiers 0 is one). */
+static size_t state_get(const uint8_t *p, size_t n, kvidx_jrec_t *rec, int allow_gone)
+{
+    if (n < STATE_FIXED)
+        return 0;
+    kvidx_key_t *k = &rec->key;
+    rec->tiers = p[0];
+    k->hash_len = p[1];
+    k->group = get16(p + 2);
+    k->kv_rank = get32(p + 4);
+    rec->size_bytes = get64(p + 8);
+    if (!hash_ok(k->hash_len) || !state_ok(rec->tiers, rec->size_bytes, allow_gone) ||
+        n - STATE_FIXED < k->hash_len)
+        return 0;
+    memcpy(k->hash, p + STATE_FIXED, k->hash_len);
+    return (size_t)STATE_FIXED + k->hash_len;
+}
+
+/* 1 when states[0..n) is exactly count (>= 1) valid states. */
+static int states_ok(const uint8_t *states, size_t n, uint32_t count)
+{
+    kvidx_jrec_t rec;
+    size_t off = 0;
+    if (count == 0 || !states)
+        return 0;
+    for (uint32_t i = 0; i < count; i++) {
+        size_t w = state_get(states + off, n - off, &rec, 1);
+        if (!w)
+            return 0;
+        off += w;
+    }
+    return off == n;
+}
+
 static size_t payload_size(const kvidx_jrec_t *r)
 {
     const kvidx_key_t *k = &r->key;
     switch (r->type) {
     case KVIDX_JREC_KEY:
-        if (!model_ok(k->model_len) || k->salt_len > KVIDX_SALT_MAX || !hash_ok(k->hash_len) ||
+        if (!ns_ok(k->model_len, k->salt_len) || !hash_ok(k->hash_len) ||
             !state_ok(r->tiers, r->size_bytes, 1))
             return 0;
         return KEY_FIXED + k->model_len + k->salt_len + k->hash_len;
@@ -231,6 +289,11 @@ static size_t payload_size(const kvidx_jrec_t *r)
     case KVIDX_JREC_BEGIN:
     case KVIDX_JREC_COMMIT:
         return 1;
+    case KVIDX_JREC_KEYS:
+        if (!ns_ok(k->model_len, k->salt_len) || !states_ok(r->blob, r->blob_len, r->count) ||
+            r->blob_len > KVIDX_JREC_PAYLOAD_MAX - KEYS_FIXED - k->model_len - k->salt_len)
+            return 0;
+        return KEYS_FIXED + k->model_len + k->salt_len + r->blob_len;
     default:
         return 0;
     }
@@ -247,6 +310,21 @@ static void frame(uint8_t *out, size_t n)
 {
     put32(out, (uint32_t)n);
     put32(out + 4, kvidx_crc32c(kvidx_crc32c(0, out, 4), out + 8, n));
+}
+
+/* Writes a KEYS payload's type, namespace and count at p: the end. */
+static uint8_t *ns_put(uint8_t *p, const kvidx_key_t *k, uint32_t count)
+{
+    p[0] = KVIDX_JREC_KEYS;
+    p[1] = (uint8_t)k->model_len;
+    p[2] = k->salt_len;
+    put32(p + 3, count);
+    p += KEYS_FIXED;
+    memcpy(p, k->model, k->model_len);
+    p += k->model_len;
+    if (k->salt_len)
+        memcpy(p, k->salt, k->salt_len);
+    return p + k->salt_len;
 }
 
 int kvidx_jrec_encode(const kvidx_jrec_t *r, uint8_t *out, size_t cap, size_t *len)
@@ -277,6 +355,9 @@ int kvidx_jrec_encode(const kvidx_jrec_t *r, uint8_t *out, size_t cap, size_t *l
         memcpy(p, k->hash, k->hash_len);
     } else if (r->type == KVIDX_JREC_DIR) {
         memcpy(p + 1, r->blob, r->blob_len);
+    } else if (r->type == KVIDX_JREC_KEYS) {
+        uint8_t *q = ns_put(p, k, r->count);
+        memcpy(q, r->blob, r->blob_len);
     } else if (r->type == KVIDX_JREC_BEGIN || r->type == KVIDX_JREC_COMMIT) {
         /* the type byte is the whole payload */
     } else {
@@ -309,7 +390,7 @@ static int payload_decode(const uint8_t *p, size_t n, kvidx_jrec_t *rec)
         k->group = get16(p + 5);
         k->kv_rank = get32(p + 7);
         rec->size_bytes = get64(p + 11);
-        if (!model_ok(k->model_len) || k->salt_len > KVIDX_SALT_MAX || !hash_ok(k->hash_len) ||
+        if (!ns_ok(k->model_len, k->salt_len) || !hash_ok(k->hash_len) ||
             !state_ok(rec->tiers, rec->size_bytes, 1) ||
             n != (size_t)KEY_FIXED + k->model_len + k->salt_len + k->hash_len)
             return KVIDX_EINVAL;
@@ -347,8 +428,7 @@ static int payload_decode(const uint8_t *p, size_t n, kvidx_jrec_t *rec)
             return KVIDX_EINVAL;
         k->model_len = p[1];
         k->salt_len = p[2];
-        if (!model_ok(k->model_len) || k->salt_len > KVIDX_SALT_MAX ||
-            n != (size_t)NS_FIXED + k->model_len + k->salt_len)
+        if (!ns_ok(k->model_len, k->salt_len) || n != (size_t)NS_FIXED + k->model_len + k->salt_len)
             return KVIDX_EINVAL;
         k->model = (const char *)p + NS_FIXED;
         k->salt = k->model + k->model_len;
@@ -356,16 +436,21 @@ static int payload_decode(const uint8_t *p, size_t n, kvidx_jrec_t *rec)
     case KVIDX_JREC_SKEY:
         if (n < SKEY_FIXED)
             return KVIDX_EINVAL;
-        rec->tiers = p[1];
-        k->hash_len = p[2];
-        k->group = get16(p + 3);
-        k->kv_rank = get32(p + 5);
-        rec->size_bytes = get64(p + 9);
-        if (!hash_ok(k->hash_len) || !state_ok(rec->tiers, rec->size_bytes, 0) ||
-            n != (size_t)SKEY_FIXED + k->hash_len)
+        return state_get(p + 1, n - 1, rec, 0) == n - 1 ? 0 : KVIDX_EINVAL;
+    case KVIDX_JREC_KEYS:
+        if (n < KEYS_FIXED)
             return KVIDX_EINVAL;
-        memcpy(k->hash, p + SKEY_FIXED, k->hash_len);
-        return 0;
+        k->model_len = p[1];
+        k->salt_len = p[2];
+        rec->count = get32(p + 3);
+        if (!ns_ok(k->model_len, k->salt_len) ||
+            n - KEYS_FIXED < (size_t)k->model_len + k->salt_len)
+            return KVIDX_EINVAL;
+        k->model = (const char *)p + KEYS_FIXED;
+        k->salt = k->model + k->model_len;
+        rec->blob = (const uint8_t *)k->salt + k->salt_len;
+        rec->blob_len = n - KEYS_FIXED - k->model_len - k->salt_len;
+        return states_ok(rec->blob, rec->blob_len, rec->count) ? 0 : KVIDX_EINVAL;
     default:
         return KVIDX_EINVAL;
     }
@@ -422,6 +507,84 @@ int kvidx_journal_group_end(const uint8_t *buf, size_t len, size_t off, size_t *
         }
     }
     return 0;
+}
+
+/* ---- KEYS records, one state at a time ---- */
+
+size_t kvidx_jkeys_size(const kvidx_jrec_t *r)
+{
+    const kvidx_key_t *k = &r->key;
+    if (r->type != KVIDX_JREC_KEY || !payload_size(r))
+        return 0;
+    return KVIDX_JREC_HDR_LEN + KEYS_FIXED + k->model_len + k->salt_len + STATE_FIXED + k->hash_len;
+}
+
+int kvidx_jkeys_begin(const kvidx_jrec_t *r, uint8_t *out, size_t cap, size_t *len)
+{
+    size_t n = kvidx_jkeys_size(r);
+    if (!n)
+        return KVIDX_EINVAL;
+    *len = n;
+    if (cap < n)
+        return KVIDX_ENOBUFS;
+    state_put(ns_put(out + KVIDX_JREC_HDR_LEN, &r->key, 1), r);
+    put32(out, (uint32_t)(n - KVIDX_JREC_HDR_LEN));
+    put32(out + 4, 0); /* the checksum: written by kvidx_jkeys_close */
+    return 0;
+}
+
+size_t kvidx_jkeys_room(const uint8_t *rec, const kvidx_jrec_t *r)
+{
+    const kvidx_key_t *k = &r->key;
+    const uint8_t *p = rec + KVIDX_JREC_HDR_LEN;
+    size_t plen = get32(rec), add = (size_t)STATE_FIXED + k->hash_len;
+    if (r->type != KVIDX_JREC_KEY || !payload_size(r) || p[1] != k->model_len ||
+        p[2] != k->salt_len || memcmp(p + KEYS_FIXED, k->model, k->model_len) != 0 ||
+        (k->salt_len && memcmp(p + KEYS_FIXED + k->model_len, k->salt, k->salt_len) != 0) ||
+        plen > KVIDX_JREC_PAYLOAD_MAX || KVIDX_JREC_PAYLOAD_MAX - plen < add)
+        return 0;
+    return add;
+}
+
+size_t kvidx_jkeys_add(uint8_t *rec, const kvidx_jrec_t *r)
+{
+    size_t add = kvidx_jkeys_room(rec, r);
+    if (!add)
+        return 0;
+    uint8_t *p = rec + KVIDX_JREC_HDR_LEN;
+    uint32_t plen = get32(rec);
+    state_put(p + plen, r);
+    put32(rec, plen + (uint32_t)add);
+    put32(p + 3, get32(p + 3) + 1);
+    return add;
+}
+
+void kvidx_jkeys_close(uint8_t *rec)
+{
+    frame(rec, get32(rec));
+}
+
+int kvidx_jkeys_next(const kvidx_jrec_t *batch, size_t *pos, kvidx_jrec_t *key)
+{
+    if (batch->type != KVIDX_JREC_KEYS || *pos > batch->blob_len)
+        return KVIDX_EINVAL;
+    /* The first call checks every state against the count, so that a
+     * batch made by hand is refused whole, as the reader refuses one. */
+    if (*pos == 0 && !states_ok(batch->blob, batch->blob_len, batch->count))
+        return KVIDX_EINVAL;
+    if (*pos == batch->blob_len)
+        return 0;
+    memset(key, 0, sizeof(*key));
+    size_t w = state_get(batch->blob + *pos, batch->blob_len - *pos, key, 1);
+    if (!w)
+        return KVIDX_EINVAL;
+    key->type = KVIDX_JREC_KEY;
+    key->key.model = batch->key.model;
+    key->key.model_len = batch->key.model_len;
+    key->key.salt = batch->key.salt;
+    key->key.salt_len = batch->key.salt_len;
+    *pos += w;
+    return 1;
 }
 
 /* ---- snapshot ---- */
@@ -488,12 +651,7 @@ int kvidx_snapshot_add(kvidx_snapshot_writer_t *w, const kvidx_jrec_t *r, uint8_
     }
     uint8_t *q = p + KVIDX_JREC_HDR_LEN;
     q[0] = KVIDX_JREC_SKEY;
-    q[1] = r->tiers;
-    q[2] = k->hash_len;
-    put16(q + 3, k->group);
-    put32(q + 5, k->kv_rank);
-    put64(q + 9, r->size_bytes);
-    memcpy(q + SKEY_FIXED, k->hash, k->hash_len);
+    state_put(q + 1, r);
     frame(p, (size_t)SKEY_FIXED + k->hash_len);
     w->crc = kvidx_crc32c(w->crc, out, need);
     w->keys++;

@@ -13,8 +13,9 @@
  *   records:       u32 len (payload bytes, 1..KVIDX_JREC_PAYLOAD_MAX),
  *                  u32 crc32c(len as 4 bytes LE || payload), payload
  * Version 2 adds the BEGIN and COMMIT markers around the records of one
- * request, so that a torn tail drops a request whole; version 1 journals
- * (no markers) are still read. Snapshots stay version 1.
+ * request, so that a torn tail drops a request whole; version 3 adds KEYS,
+ * the states of many keys of one namespace in one record. Version 1 and 2
+ * journals are still read. Snapshots stay version 1.
  * Records are STATES, not operations: "key K now has tiers T and size S"
  * (tiers 0: K is gone), "layout (model, world_size) is J", "layout is
  * gone". Replaying a record twice, or a prefix of a journal, is therefore
@@ -39,7 +40,7 @@
 
 #include "kvidx/key.h"
 
-#define KVIDX_JOURNAL_VERSION      2 /* written; 1 is still read */
+#define KVIDX_JOURNAL_VERSION      3 /* written; 1 and 2 are still read */
 #define KVIDX_SNAPSHOT_VERSION     1
 #define KVIDX_JOURNAL_HEADER_LEN   32
 #define KVIDX_SNAPSHOT_HEADER_LEN  32
@@ -64,19 +65,24 @@ typedef enum {
     KVIDX_JREC_BEGIN = 7,      /* journal only: the records up to the next COMMIT are one
                                   request's, replayed all or none (payload: the type byte) */
     KVIDX_JREC_COMMIT = 8,     /* journal only: ends the group a BEGIN opened */
+    KVIDX_JREC_KEYS = 9,       /* journal only: the states of 1 or more keys of one namespace
+                                  (a store or delete batch) in one record */
 } kvidx_jrec_type_t;
 
 /* One decoded record. Pointers view the decoded buffer (or, for a snapshot
  * key, the reader) and stay valid while it does. */
 typedef struct kvidx_jrec {
     kvidx_jrec_type_t type;
-    /* KEY: the key; LAYOUT_*: key.model/model_len name the model. */
+    /* KEY: the key; LAYOUT_*: key.model/model_len name the model; KEYS:
+     * key.model and key.salt name the namespace (the rest of key is 0). */
     kvidx_key_t key;
     uint64_t size_bytes; /* KEY: 1..2^40, or 0 when tiers == 0 */
     uint8_t tiers;       /* KEY: KVIDX_STATE_* bits */
     uint8_t world_size;  /* LAYOUT_*: 1..255 */
-    const uint8_t *blob; /* LAYOUT_PUT: the layout's normalized JSON; DIR: the blob */
+    const uint8_t *blob; /* LAYOUT_PUT: the layout's normalized JSON; DIR: the blob;
+                            KEYS: the packed states (read them with kvidx_jkeys_next) */
     size_t blob_len;
+    uint32_t count; /* KEYS: the states in blob, 1 or more */
 } kvidx_jrec_t;
 
 /* CRC32C of n bytes, continuing from crc (start with 0). Uses the SSE4.2
@@ -97,15 +103,53 @@ size_t kvidx_jrec_size(const kvidx_jrec_t *r);
 /* Encodes *r, framed, into out[0..cap). 0 and *len; KVIDX_ENOBUFS when cap
  * is short (*len gets the size needed); KVIDX_EINVAL when *r is not
  * encodable. Types KEY, LAYOUT_PUT, LAYOUT_DEL, DIR (a blob of
- * 1..KVIDX_JREC_DIR_BLOB_MAX bytes), BEGIN and COMMIT; NS and SKEY are
- * the snapshot writer's. */
+ * 1..KVIDX_JREC_DIR_BLOB_MAX bytes), BEGIN, COMMIT and KEYS (blob and
+ * count exactly as kvidx_journal_next hands them out: a record read is
+ * encoded again to the same bytes); NS and SKEY are the snapshot writer's. */
 int kvidx_jrec_encode(const kvidx_jrec_t *r, uint8_t *out, size_t cap, size_t *len);
+
+/* ---- KEYS records, built one state at a time ----
+ * Payload: type, model_len u8, salt_len u8, count u32, model, salt, then
+ * count states of KVIDX_JKEYS_STATE_FIXED + hash_len bytes each (tiers,
+ * hash_len, group u16, kv_rank u32, size u64, hash). A record is started
+ * with one state, grown while the states that follow are KEY records of
+ * the same namespace and the payload stays within KVIDX_JREC_PAYLOAD_MAX,
+ * and closed. While it is open its length and count are always right but
+ * its checksum is not written: a reader refuses it until it is closed. */
+#define KVIDX_JKEYS_FIXED       7
+#define KVIDX_JKEYS_STATE_FIXED 16
+
+/* Framed size of a KEYS record holding the one state of *r (a KEY
+ * record); 0 when *r is not an encodable KEY record. */
+size_t kvidx_jkeys_size(const kvidx_jrec_t *r);
+/* Starts a KEYS record with the state of *r at out: 0 and *len (framed,
+ * as kvidx_jkeys_size); KVIDX_ENOBUFS when cap is short; KVIDX_EINVAL when
+ * *r is not an encodable KEY record. */
+int kvidx_jkeys_begin(const kvidx_jrec_t *r, uint8_t *out, size_t cap, size_t *len);
+/* The bytes kvidx_jkeys_add would append to the open KEYS record at rec
+ * for *r; 0 when *r cannot join it (not an encodable KEY record, another
+ * namespace, or the payload would pass KVIDX_JREC_PAYLOAD_MAX). */
+size_t kvidx_jkeys_room(const uint8_t *rec, const kvidx_jrec_t *r);
+/* Appends the state of *r to the open KEYS record at rec, whose buffer
+ * must have kvidx_jkeys_room bytes free after the record, and updates its
+ * length and count: the bytes appended, or 0 (nothing written) when *r
+ * cannot join it. */
+size_t kvidx_jkeys_add(uint8_t *rec, const kvidx_jrec_t *r);
+/* Closes the KEYS record at rec: writes its checksum. */
+void kvidx_jkeys_close(uint8_t *rec);
+/* Reads the states of a decoded KEYS record *batch in order; *pos starts
+ * at 0. 1 with *key a KEY record (the batch's namespace, views into the
+ * batch's buffer); 0 after the last; KVIDX_EINVAL when the states are
+ * malformed (never for a record kvidx_journal_next accepted). */
+int kvidx_jkeys_next(const kvidx_jrec_t *batch, size_t *pos, kvidx_jrec_t *key);
 
 /* Reads the record at buf[*off..len). Returns 1 with *rec filled and *off
  * advanced past it; 0 when *off == len (clean end); KVIDX_EINVAL when the
  * bytes at *off are not a whole valid record (torn write, bad checksum,
- * bad length, malformed or snapshot-only payload): *off is then left at the
- * first byte of the bad record, which is where a journal is truncated. */
+ * bad length, malformed or snapshot-only payload; for KEYS, a count of 0,
+ * a count that does not match the states, or any malformed state): *off
+ * is then left at the first byte of the bad record, which is where a
+ * journal is truncated. */
 int kvidx_journal_next(const uint8_t *buf, size_t len, size_t *off, kvidx_jrec_t *rec);
 
 /* For a BEGIN record just read (off is the first byte after it): 1 and

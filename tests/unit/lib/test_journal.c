@@ -64,17 +64,17 @@ Test(journal, header_round_trip)
 
 Test(journal, header_versions)
 {
-    /* Version 2 is written; a version 1 header (no request frames) is
-     * still read; others are refused. */
+    /* Version 3 is written; version 2 (no KEYS records) and version 1 (no
+     * request frames either) headers are still read; others are refused. */
     uint8_t h[KVIDX_JOURNAL_HEADER_LEN];
     uint64_t g = 0;
     kvidx_journal_header_encode(7, h);
-    cr_assert_eq(h[8], 2);
-    for (uint32_t v = 0; v < 4; v++) {
+    cr_assert_eq(h[8], 3);
+    for (uint32_t v = 0; v < 5; v++) {
         h[8] = (uint8_t)v;
         uint32_t crc = kvidx_crc32c(0, h, 24);
         memcpy(h + 24, &crc, 4); /* little-endian host */
-        int want = (v == 1 || v == 2) ? 0 : KVIDX_EINVAL;
+        int want = (v >= 1 && v <= 3) ? 0 : KVIDX_EINVAL;
         cr_assert_eq(kvidx_journal_header_decode(h, sizeof(h), &g), want, "version %u", v);
     }
 }
