@@ -3,7 +3,9 @@
  * input byte picks what the rest is:
  *  0: a journal body. Reading must never crash; every record read must
  *     re-encode to exactly the bytes it was read from (the format has one
- *     encoding per record), and the reader must stop inside the input.
+ *     encoding per record), and the reader must stop inside the input. A
+ *     KEYS record read must hand out exactly its count of key states, each
+ *     in its namespace.
  *  1: a journal header.
  *  2: a snapshot, taken as is (nearly always refused by its checksum).
  *  3: a snapshot whose trailer checksum is recomputed first, so that the
@@ -28,6 +30,21 @@ static void check(int ok)
         abort();
 }
 
+static void keys_states(const kvidx_jrec_t *rec)
+{
+    kvidx_jrec_t k;
+    size_t pos = 0;
+    uint32_t n = 0;
+    int rc;
+    while ((rc = kvidx_jkeys_next(rec, &pos, &k)) == 1) {
+        check(k.type == KVIDX_JREC_KEY && k.key.model == rec->key.model &&
+              k.key.model_len == rec->key.model_len && k.key.salt_len == rec->key.salt_len);
+        check(kvidx_jrec_size(&k) != 0);
+        n++;
+    }
+    check(rc == 0 && n == rec->count && pos == rec->blob_len);
+}
+
 static void journal(const uint8_t *p, size_t n)
 {
     size_t off = 0;
@@ -44,6 +61,8 @@ static void journal(const uint8_t *p, size_t n)
         check(kvidx_jrec_encode(&rec, out, sizeof(out), &len) == 0);
         check(len == off - start);
         check(memcmp(out, p + start, len) == 0);
+        if (rec.type == KVIDX_JREC_KEYS)
+            keys_states(&rec);
     }
     check(rc == 0 || rc == KVIDX_EINVAL);
     check(off <= n);

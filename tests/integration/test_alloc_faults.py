@@ -710,21 +710,22 @@ class TestRestoreUnderFaults(TestStartupUnderFaults):
         import tempfile
         self.tmp = tempfile.TemporaryDirectory()
         self.extra = ["--set", "data_dir=" + self.tmp.name, "--set", "fsync=always"]
-        # A small snapshot_journal_bytes: the first batch is snapshotted,
-        # the rest stays in the journal.
+        # A small snapshot_journal_bytes: the first batch (past 4 KiB of
+        # journal, at about 18 bytes a key) is snapshotted, the rest stays
+        # in the journal.
         d = Daemon(settings={"data_dir": self.tmp.name, "fsync": "always",
                              "snapshot_journal_bytes": "4KiB"})
         try:
             keys = [wkey(i) for i in range(300)]
             r = d.request("PUT", "/v1/keys", {"tier": "l2", "entries": [
-                {"key": k, "size_bytes": 64} for k in keys[:200]]})
+                {"key": k, "size_bytes": 64} for k in keys[:240]]})
             self.assertIn(r.status, (200, 201), r.body)
             deadline = time.monotonic() + 20
             while not os.path.exists(os.path.join(self.tmp.name, "snapshot.kvs")):
                 self.assertLess(time.monotonic(), deadline, "no snapshot was written")
                 time.sleep(0.05)
             r = d.request("PUT", "/v1/keys", {"tier": "l2", "entries": [
-                {"key": k, "size_bytes": 64} for k in keys[200:]]})
+                {"key": k, "size_bytes": 64} for k in keys[240:]]})
             self.assertIn(r.status, (200, 201), r.body)
             em = Emitter(d.addr[0], d.port, "inst-a")
             self.assertEqual(em.register()[0] // 100, 2)

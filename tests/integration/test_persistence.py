@@ -1809,7 +1809,8 @@ class Untrusted(PersistenceBase):
         self.stop(d)
         d = self.start(dd, snapshot_journal_bytes="4KiB")
         self.wait_ready(d)
-        more = [key(1000 + i, "snaprules") for i in range(100)]
+        # more than 4 KiB of journal (a batch's states take about 24 bytes a key)
+        more = [key(1000 + i, "snaprules") for i in range(400)]
         self.put(d, more)
         self.assertTrue(d.wait_log(r"snapshot: generation \d+ written", 30), d.log()[-3000:])
         self.stop(d)

@@ -2,11 +2,15 @@
  * The journal: records encoded on the loop thread, written by one writer
  * thread.
  *
- * Loop side: each change is encoded as one STATE record (kvidx/journal.h)
- * at the end of `stage`; the records of one write request are framed by
- * BEGIN and COMMIT (a request that wrote fewer than two records has no
- * frame), so that a replay takes a request whole or not at all. A uv_prepare handle moves the stage
- * to `pending` once per loop turn and wakes the writer (usually a buffer swap, no copy).
+ * Loop side: each change is encoded as a STATE record (kvidx/journal.h)
+ * at the end of `stage`; consecutive key changes of one namespace share a
+ * KEYS record, which stays open (no checksum yet) while it grows and is
+ * closed before anything else is staged after it and before the stage
+ * leaves the loop thread. The records of one write request are framed by
+ * BEGIN and COMMIT (a request that made fewer than two changes has no
+ * frame), so that a replay takes a request whole or not at all. A
+ * uv_prepare handle moves the stage to `pending` once per loop turn and
+ * wakes the writer (usually a buffer swap, no copy).
  *
  * Writer thread: appends pending to the current journal with write() and,
  * under fsync=always, fdatasync()s before it reports the new durable
@@ -79,6 +83,44 @@ int encode_rec(struct buf *b, const kvidx_jrec_t *r)
 /* The framed size of a BEGIN or COMMIT. */
 #define MARKER_LEN (KVIDX_JREC_HDR_LEN + 1)
 
+/* Writes the open KEYS record's checksum: it is whole from now on. */
+static void keys_close(struct persist *p)
+{
+    if (!p->keys_open)
+        return;
+    kvidx_jkeys_close((uint8_t *)p->stage.data + p->keys_at);
+    p->keys_open = 0;
+}
+
+/* Stages the KEY record *r: into the open KEYS record when it can join
+ * it, else as a new KEYS record, left open. Makes room for extra bytes
+ * more. 0, or KVIDX_EINVAL / KVIDX_ENOMEM with nothing staged (an open
+ * record stays open and whole). */
+static int stage_key(struct persist *p, const kvidx_jrec_t *r, size_t extra)
+{
+    struct buf *b = &p->stage;
+    if (p->keys_open) {
+        size_t n = kvidx_jkeys_room((const uint8_t *)b->data + p->keys_at, r);
+        if (n) {
+            if (buf_reserve(b, n + extra) != 0)
+                return KVIDX_ENOMEM;
+            b->len += kvidx_jkeys_add((uint8_t *)b->data + p->keys_at, r);
+            return 0;
+        }
+        keys_close(p);
+    }
+    size_t n = kvidx_jkeys_size(r), len = 0;
+    if (!n)
+        return KVIDX_EINVAL;
+    if (buf_reserve(b, n + extra) != 0)
+        return KVIDX_ENOMEM;
+    kvidx_jkeys_begin(r, (uint8_t *)b->data + b->len, n, &len);
+    p->keys_open = 1;
+    p->keys_at = b->len;
+    b->len += len;
+    return 0;
+}
+
 void append_rec(struct persist *p, const kvidx_jrec_t *r)
 {
     size_t before = p->stage.len;
@@ -86,9 +128,17 @@ void append_rec(struct persist *p, const kvidx_jrec_t *r)
      * closing the group can never fail: a group without its COMMIT would
      * read as a torn tail at restore. */
     int grouped = p->group_open && r->type != KVIDX_JREC_COMMIT;
-    size_t need = kvidx_jrec_size(r);
-    if ((grouped && need && buf_reserve(&p->stage, need + MARKER_LEN) != 0) ||
-        encode_rec(&p->stage, r) != 0) {
+    int rc;
+    if (r->type == KVIDX_JREC_KEY) {
+        rc = stage_key(p, r, grouped ? MARKER_LEN : 0);
+    } else {
+        keys_close(p);
+        size_t need = kvidx_jrec_size(r);
+        rc = grouped && need && buf_reserve(&p->stage, need + MARKER_LEN) != 0
+                 ? KVIDX_ENOMEM
+                 : encode_rec(&p->stage, r);
+    }
+    if (rc != 0) {
         /* The journal misses this change. Refuse writes
          * (storage_unavailable) until a snapshot, which holds the whole
          * state, has closed the gap. */
@@ -136,6 +186,7 @@ void group_close(struct persist *p)
 {
     if (!p->group_open)
         return;
+    keys_close(p);
     p->group_open = 0;
     if (p->group_recs >= 2) {
         kvidx_jrec_t r;
@@ -159,6 +210,7 @@ void group_close(struct persist *p)
 int hand_over(struct persist *p)
 {
     group_close(p);
+    keys_close(p); /* one staged outside a group */
     if (!p->stage.len) {
         p->stalled = 0;
         return 0;

@@ -96,6 +96,12 @@ struct persist {
     int group_open;
     size_t group_at;
     uint64_t group_recs;
+    /* An open KEYS record at stage offset keys_at (keys_open): key changes
+     * of its namespace join it while it has room; closed (its checksum
+     * written) by the next record of another kind or namespace, by
+     * group_close and by hand_over. */
+    int keys_open;
+    size_t keys_at;
     /* A failed start removed its new, empty journal (drop_unused_journal:
      * before the daemon is ready, so no rotation can be pending and fd is
      * still the one restore opened). */
@@ -271,7 +277,8 @@ void writer_main(void *arg);
  * until a later turn manages it). */
 int hand_over(struct persist *p);
 /* Encodes *r at the end of the stage (loop thread); out of memory opens a
- * gap (writes refused until a snapshot). */
+ * gap (writes refused until a snapshot). A KEY record joins the open KEYS
+ * record when it can, else starts a new one (left open for the next). */
 void append_rec(struct persist *p, const kvidx_jrec_t *r);
 /* A request's records are framed by BEGIN and COMMIT so that a torn tail
  * drops the request whole (loop thread). group_open closes a group still
@@ -282,7 +289,9 @@ void append_rec(struct persist *p, const kvidx_jrec_t *r);
  * a group opens a gap as anywhere else, and the COMMIT then seals what was
  * written (the gap's snapshot restores the whole state). Both
  * are no-ops when there is nothing to do; hand_over closes an open group,
- * so a group never spans two hand-overs (nor a rotation). */
+ * so a group never spans two hand-overs (nor a rotation). A group counts
+ * key changes, not records: a batch of two or more keys is framed even
+ * when its states share one KEYS record. */
 int group_open(struct persist *p); /* 0, or KVIDX_ENOMEM (nothing written) */
 void group_close(struct persist *p);
 /* Appends the framed *r to b: 0, KVIDX_EINVAL or KVIDX_ENOMEM. */

@@ -11,11 +11,10 @@
  * (header, trailer, a record, the counts, the checksum computed while
  * reading) stops the start, and the keys loaded by then are never served.
  * Journals are replayed in generation order, each record applied as the
- * state it names; a torn or corrupt record ends its journal, which is
- * truncated there (and fsynced) so that later appends never sit behind
- * garbage. A journal with a damaged header is set aside as .bad.
- * Nothing is deleted or truncated on the word of a file that cannot be
- * right: a generation at the end of its range, a snapshot claiming
+ * state it names (a KEYS record: each of its states, in order); a torn or corrupt record ends its
+ * journal, which is truncated there (and fsynced) so that later appends never sit behind garbage. A
+ * journal with a damaged header is set aside as .bad. Nothing is deleted or truncated on the word
+ * of a file that cannot be right: a generation at the end of its range, a snapshot claiming
  * journals it cannot cover, or anything but a regular file under one of
  * our names stops the start instead. A key that breaks the key rules is
  * skipped and counted (no request could name it), the rest of its file
@@ -364,7 +363,7 @@ out:
 /* What restore found, for its log lines. */
 struct restore_counts {
     struct persist_snapshot_info snap;
-    uint64_t nrec;    /* journal records replayed */
+    uint64_t nrec;    /* journal records replayed (a KEYS record: its states) */
     uint64_t skipped; /* journal records skipped for breaking the key rules */
     size_t replayed;  /* journals replayed */
 };
@@ -431,20 +430,43 @@ static int truncate_tail(struct persist *p, const char *path, size_t off, size_t
     return 0;
 }
 
-/* Applies one journal record; at is its first byte, for messages. A key
- * that breaks the key rules is skipped: 1, else 0. */
+/* Applies one key state read from the record at byte at. */
+static void replay_key(struct persist *p, const char *path, const kvidx_jrec_t *rec, size_t at)
+{
+    kvidx_durable_t st = {rec->size_bytes, rec->tiers};
+    if (store_apply(p->idx, &rec->key, &st, 1) != 0)
+        log_warn("journal %s: a record at byte %zu could not be applied (capacity?)", path, at);
+}
+
+/* Applies one journal record; at is its first byte, for messages. Adds
+ * the states it applied (1 for a record other than KEY or KEYS) to
+ * *applied; the keys that break the key rules are skipped and added to
+ * *skipped. 0, or -1 when out of memory. */
 static int replay_rec(struct persist *p, const char *path, const kvidx_jrec_t *rec, size_t at,
-                      size_t end, struct key_rules *rules, uint64_t *skipped)
+                      size_t end, struct key_rules *rules, uint64_t *skipped, uint64_t *applied)
 {
     kvidx_reason_t why;
-    if (rec->type == KVIDX_JREC_KEY && store_key_check(rules, &rec->key, &why) != 0) {
+    if ((rec->type == KVIDX_JREC_KEY || rec->type == KVIDX_JREC_KEYS) &&
+        store_key_check(rules, &rec->key, &why) != 0) {
+        /* A KEYS record's keys share its namespace: all of them go. */
         log_skipped("journal", path, at, end, &why, ++*skipped);
-        return 1;
+        if (rec->type == KVIDX_JREC_KEYS)
+            *skipped += rec->count - 1;
+        return 0;
     }
+    if (rec->type == KVIDX_JREC_KEYS) {
+        /* The reader checked every state of the record: none fails here. */
+        kvidx_jrec_t k;
+        size_t pos = 0;
+        while (kvidx_jkeys_next(rec, &pos, &k) == 1) {
+            replay_key(p, path, &k, at);
+            ++*applied;
+        }
+        return 0;
+    }
+    ++*applied;
     if (rec->type == KVIDX_JREC_KEY) {
-        kvidx_durable_t st = {rec->size_bytes, rec->tiers};
-        if (store_apply(p->idx, &rec->key, &st, 1) != 0)
-            log_warn("journal %s: a record at byte %zu could not be applied (capacity?)", path, at);
+        replay_key(p, path, rec, at);
     } else if (rec->type == KVIDX_JREC_LAYOUT_PUT) {
         if (layouts_restore(p->layouts, (const char *)rec->blob, rec->blob_len) != 0)
             log_warn("journal %s: a layout record at byte %zu does not parse", path, at);
@@ -513,14 +535,11 @@ static int journal_replay(struct persist *p, uint64_t gen, struct restore_counts
             at = off;
             continue;
         }
-        int r = replay_rec(p, path, &rec, at, off, &rules, &skipped);
-        if (r < 0) {
+        if (replay_rec(p, path, &rec, at, off, &rules, &skipped, &c->nrec) != 0) {
             log_error("refusing to start: out of memory replaying %s", path);
             rc = KVIDX_EINTERNAL;
             goto out;
         }
-        if (r == 0)
-            c->nrec++;
         at = off;
     }
     fleet_replay_end(p);

@@ -47,6 +47,18 @@ static kvidx_jrec_t state(const char *model, const char *salt, uint32_t i)
     return r;
 }
 
+/* A present key's KEY record. */
+static kvidx_jrec_t present(kvidx_key_t k, uint8_t tiers, uint64_t size)
+{
+    kvidx_jrec_t r;
+    memset(&r, 0, sizeof(r));
+    r.type = KVIDX_JREC_KEY;
+    r.key = k;
+    r.tiers = tiers;
+    r.size_bytes = size;
+    return r;
+}
+
 /* Builds one closed KEYS record of n states at out: its framed length. */
 static size_t build(uint8_t *out, size_t cap, const char *model, const char *salt, uint32_t n)
 {
@@ -150,12 +162,7 @@ Test(journal_keys, a_batch_is_smaller_than_key_records)
      * 1000, the model name and the salt once. */
     size_t cap = 128 * 1024;
     uint8_t *buf = big(cap);
-    kvidx_jrec_t r;
-    memset(&r, 0, sizeof(r));
-    r.type = KVIDX_JREC_KEY;
-    r.key = mk("meta-llama/Llama-3.1-8B", "", 1, 32);
-    r.tiers = KVIDX_STATE_L2;
-    r.size_bytes = 2097152;
+    kvidx_jrec_t r = present(mk("meta-llama/Llama-3.1-8B", "", 1, 32), KVIDX_STATE_L2, 2097152);
     size_t len = 0, keys = 1000 * kvidx_jrec_size(&r);
     cr_assert_eq(kvidx_jkeys_begin(&r, buf, cap, &len), 0);
     for (uint32_t i = 1; i < 1000; i++) {
@@ -214,12 +221,7 @@ Test(journal_keys, a_payload_of_exactly_the_maximum)
      * exactly KVIDX_JREC_PAYLOAD_MAX. */
     size_t cap = KVIDX_JREC_HDR_LEN + KVIDX_JREC_PAYLOAD_MAX + 256;
     uint8_t *buf = big(cap), *again = big(cap);
-    kvidx_jrec_t r;
-    memset(&r, 0, sizeof(r));
-    r.type = KVIDX_JREC_KEY;
-    r.key = mk("m", "", 0, 33);
-    r.tiers = KVIDX_STATE_L1;
-    r.size_bytes = 7;
+    kvidx_jrec_t r = present(mk("m", "", 0, 33), KVIDX_STATE_L1, 7);
     size_t len = 0;
     cr_assert_eq(kvidx_jkeys_begin(&r, buf, cap, &len), 0);
     uint32_t n = 1;
