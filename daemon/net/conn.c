@@ -9,15 +9,31 @@
  * serialized into `out` -> one uv_write (after a uv_try_write) carries
  * every answer serialized since the previous write.
  *
+ * Output is a short list of buffers in write order: the segments (a ring
+ * of at most OUT_SEGS), then `out`, which answers are appended to. A body
+ * of OWN_BODY_MIN bytes or more is not copied: `out`, ending with its
+ * headers, becomes a segment, the body's buffer becomes the next one, and
+ * `out` goes on in a fresh (or the spare) buffer. A write seals `out` as a
+ * segment too and hands every segment to one uv_try_write / uv_write as
+ * iovecs; a partial write advances the first segments' offsets. So the
+ * listing page, 250 KB for 1000 entries, reaches the kernel from the buffer
+ * its handler wrote it in.
+ *
  * Invariants:
  *   - answers leave in request order; a deferred answer holds back the
  *     ones behind it;
- *   - at most one uv_write is in flight (its bytes live in `wbuf` until
- *     the write callback);
+ *   - at most one uv_write is in flight (its bytes live in the first
+ *     seg_writing segments, which nothing changes or frees before the
+ *     write callback);
  *   - memory per connection is bounded: the request limits (conn_parse.c),
  *     <= MAX_PIPELINE queued answers, and parsing (and reading) pauses
- *     while unsent output exceeds max_conn_output_bytes; input read while
- *     paused (<= one read) is kept in `in`;
+ *     while unsent output (`out` and every segment, taken bodies included)
+ *     exceeds max_conn_output_bytes; input read while paused (<= one read)
+ *     is kept in `in`;
+ *   - a body is taken only when two segments are free and one more stays
+ *     free, so a write can always seal `out`; past that, bodies are copied;
+ *   - a written buffer above BIG_BUF is freed; one smaller is kept as the
+ *     spare for the next `out`;
  *   - after a limit or parse error the error answer is the last one;
  *   - nothing is closed inside an llhttp callback;
  *   - the pump (serialize -> resume parsing -> write -> timer) is never
@@ -138,7 +154,87 @@ static void stop_receiving(struct conn *c)
 
 size_t conn_unsent(const struct conn *c)
 {
-    return c->out.len + c->wbuf.len;
+    return c->out.len + c->seg_bytes;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Output segments                                                         */
+
+static struct out_seg *seg_at(struct conn *c, unsigned i)
+{
+    return &c->seg[(c->seg_first + i) % OUT_SEGS];
+}
+
+/* Appends b's bytes as the last segment, taking its memory (b is left
+ * empty). The caller checked that a segment is free. */
+static void seg_push(struct conn *c, struct buf *b)
+{
+    struct out_seg *s = seg_at(c, c->seg_count++);
+    s->b = *b;
+    s->off = 0;
+    c->seg_bytes += b->len;
+    buf_init(b);
+}
+
+/* `out` becomes a segment and goes on in the spare buffer (or none yet). */
+static void seal_out(struct conn *c)
+{
+    seg_push(c, &c->out);
+    c->out = c->spare;
+    buf_init(&c->spare);
+}
+
+/* Drops the first segment, written or not: its memory becomes the spare
+ * when there is none and it is not big, else it is freed. */
+static void seg_release_first(struct conn *c)
+{
+    struct out_seg *s = seg_at(c, 0);
+    c->seg_bytes -= s->b.len - s->off;
+    if (!c->spare.data && s->b.data && s->b.cap <= BIG_BUF) {
+        buf_reset(&s->b);
+        c->spare = s->b;
+    } else {
+        buf_free(&s->b);
+    }
+    buf_init(&s->b);
+    s->off = 0;
+    c->seg_first = (c->seg_first + 1) % OUT_SEGS;
+    c->seg_count--;
+}
+
+/* n bytes from the front of the segments reached the kernel. */
+static void seg_consume(struct conn *c, size_t n)
+{
+    while (n > 0 && c->seg_count > 0) {
+        struct out_seg *s = seg_at(c, 0);
+        size_t left = s->b.len - s->off;
+        if (n < left) {
+            s->off += n;
+            c->seg_bytes -= n;
+            return;
+        }
+        n -= left;
+        seg_release_first(c);
+    }
+}
+
+/* The unwritten bytes of every segment, as iovecs; returns their number. */
+static unsigned seg_bufs(struct conn *c, uv_buf_t *b)
+{
+    for (unsigned i = 0; i < c->seg_count; i++) {
+        struct out_seg *s = seg_at(c, i);
+        b[i] = uv_buf_init(s->b.data + s->off, (unsigned)(s->b.len - s->off));
+    }
+    return c->seg_count;
+}
+
+static void free_output(struct conn *c)
+{
+    while (c->seg_count > 0)
+        seg_release_first(c);
+    c->seg_writing = 0;
+    buf_free(&c->out);
+    buf_free(&c->spare);
 }
 
 uint64_t conn_now_ms(const struct conn *c)
@@ -257,6 +353,7 @@ static void serialize(struct conn *c, struct pending *p, int close)
         body = NOMEM_PROBLEM;
         body_len = sizeof(NOMEM_PROBLEM) - 1;
     }
+    size_t logged_len = res->body.len;
     int no_body = res->status == 204 || res->status == 304 || res->status < 200;
     buf_printf(o, "HTTP/1.1 %d %s\r\n", res->status, reason(res->status));
     if (!no_body) {
@@ -272,15 +369,23 @@ static void serialize(struct conn *c, struct pending *p, int close)
     else if (p->http10)
         buf_puts(o, "Connection: keep-alive\r\n");
     buf_puts(o, "\r\n");
-    if (!no_body && !p->head_only)
+    if (no_body || p->head_only) {
+        /* headers only */
+    } else if (body_len >= OWN_BODY_MIN && body == res->body.data && !o->failed &&
+               c->seg_count + 3 <= OUT_SEGS) {
+        /* Large: the headers end `out`, the body's buffer follows it. */
+        seal_out(c);
+        seg_push(c, &res->body);
+    } else {
         buf_append(o, body, body_len);
+    }
 
     double secs = p->req.start_ns ? (double)(uv_hrtime() - p->req.start_ns) / 1e9 : 0.0;
     if (c->app->metrics)
         metrics_observe_request(c->app->metrics, p->route_name, res->status, secs);
     log_debug("%s %.*s %d %zu %.3fms", p->req.method_name,
               (int)(p->req.path_len > 200 ? 200 : p->req.path_len), p->req.path, res->status,
-              res->body.len, secs * 1e3);
+              logged_len, secs * 1e3);
 }
 
 /* 1 when a request that may have changed state succeeded but its answer
@@ -342,8 +447,7 @@ static void on_close(uv_handle_t *h)
     struct conn *c = h->data;
     if (--c->handles_open > 0)
         return;
-    buf_free(&c->out);
-    buf_free(&c->wbuf);
+    free_output(c);
     buf_free(&c->in);
     free(c);
 }
@@ -464,11 +568,9 @@ static void on_write(uv_write_t *r, int status)
 {
     struct conn *c = r->data;
     c->writing = 0;
-    if (c->wbuf.cap > BIG_BUF)
-        buf_free(&c->wbuf);
-    else
-        buf_reset(&c->wbuf);
-    c->wbuf.len = 0;
+    /* Written in full, or failed: either way these bytes are done with. */
+    for (; c->seg_writing > 0; c->seg_writing--)
+        seg_release_first(c);
     if (c->closing)
         return;
     if (status < 0) {
@@ -481,37 +583,35 @@ static void on_write(uv_write_t *r, int status)
 
 static void start_write(struct conn *c)
 {
-    if (c->writing || c->out.len == 0)
+    uv_buf_t b[OUT_SEGS];
+    if (c->writing)
         return;
-    uv_buf_t b = uv_buf_init(c->out.data, (unsigned)c->out.len);
-    int n = uv_try_write(conn_stream(c), &b, 1);
-    if (n == (int)c->out.len) {
-        c->last_progress_ms = conn_now_ms(c);
-        if (c->out.cap > BIG_BUF)
-            buf_free(&c->out);
-        else
-            buf_reset(&c->out);
-        return;
+    for (;;) {
+        /* A segment is free here (see the invariants); if one were not,
+         * `out` would simply wait for the segments ahead of it. */
+        if (c->out.len > 0 && c->seg_count < OUT_SEGS)
+            seal_out(c);
+        if (c->seg_count == 0)
+            return;
+        int n = uv_try_write(conn_stream(c), b, seg_bufs(c, b));
+        if (n < 0 && n != UV_EAGAIN && n != UV_ENOSYS) {
+            conn_close(c);
+            return;
+        }
+        if (n > 0) {
+            c->last_progress_ms = conn_now_ms(c);
+            seg_consume(c, (size_t)n);
+        }
+        if (c->seg_count > 0)
+            break;
     }
-    if (n < 0 && n != UV_EAGAIN && n != UV_ENOSYS) {
-        conn_close(c);
-        return;
-    }
-    size_t off = n > 0 ? (size_t)n : 0;
-    struct buf t = c->wbuf;
-    c->wbuf = c->out;
-    c->out = t;
-    buf_reset(&c->out);
-    b = uv_buf_init(c->wbuf.data + off, (unsigned)(c->wbuf.len - off));
-    c->wbuf.len -= off; /* only the bytes still unsent count */
+    c->seg_writing = seg_bufs(c, b);
     c->wreq.data = c;
-    int rc = uv_write(&c->wreq, conn_stream(c), &b, 1, on_write);
-    if (rc < 0) {
+    if (uv_write(&c->wreq, conn_stream(c), b, c->seg_writing, on_write) < 0) {
+        c->seg_writing = 0;
         conn_close(c);
         return;
     }
-    if (n > 0)
-        c->last_progress_ms = conn_now_ms(c);
     c->writing = 1;
 }
 
@@ -548,6 +648,18 @@ static void finish(struct conn *c)
     uv_timer_start(&c->timer, on_timer, LINGER_MS, 0);
 }
 
+/* The test transport "writes" everything instantly, in the same order. */
+static void test_write(struct conn *c)
+{
+    while (c->seg_count > 0) {
+        struct out_seg *s = seg_at(c, 0);
+        buf_append(&c->test_out, s->b.data + s->off, s->b.len - s->off);
+        seg_release_first(c);
+    }
+    buf_append(&c->test_out, c->out.data, c->out.len);
+    buf_reset(&c->out);
+}
+
 static void pump(struct conn *c)
 {
     if (c->closing || c->in_pump || c->lingering)
@@ -558,9 +670,7 @@ static void pump(struct conn *c)
         if (c->closing)
             break;
         if (c->test) {
-            /* The test transport "writes" instantly. */
-            buf_append(&c->test_out, c->out.data, c->out.len);
-            buf_reset(&c->out);
+            test_write(c);
         } else if (conn_unsent(c) > c->app->cfg.max_conn_output_bytes) {
             /* Past the limit: try to hand the output to the kernel now; if
              * it takes everything, parsing may go on without waiting for a
@@ -584,7 +694,7 @@ static void pump(struct conn *c)
     start_write(c);
     if (c->closing)
         return;
-    if (c->close_after && !c->writing && c->out.len == 0) {
+    if (c->close_after && !c->writing && conn_unsent(c) == 0) {
         finish(c);
         return;
     }
@@ -612,7 +722,7 @@ static struct conn *alloc_conn(struct app *app, struct conn_budget *budget)
     c->budget = budget ? budget : &c->own_budget;
     c->node.conn = c;
     buf_init(&c->out);
-    buf_init(&c->wbuf);
+    buf_init(&c->spare);
     buf_init(&c->in);
     buf_init(&c->test_out);
     conn_parser_init(c);
@@ -748,8 +858,7 @@ void conn_free_test(struct conn *c)
     if (!c)
         return;
     conn_close(c);
-    buf_free(&c->out);
-    buf_free(&c->wbuf);
+    free_output(c);
     buf_free(&c->in);
     buf_free(&c->test_out);
     free(c);

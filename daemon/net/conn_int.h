@@ -17,7 +17,11 @@ enum {
     MAX_PIPELINE = 64,  /* queued answers before parsing pauses */
     LINGER_MS = 2000,   /* after the last answer: wait this long for EOF */
     BIG_BUF = 1u << 20, /* output buffers above this are freed, not kept */
-    HNAME_MAX = 32,     /* longest header name we care about, plus room */
+    /* A body at least this large is handed to the socket in its own
+     * buffer (an output segment) instead of being copied after its headers. */
+    OWN_BODY_MIN = 16u << 10,
+    OUT_SEGS = 16,  /* output segments a connection holds at most */
+    HNAME_MAX = 32, /* longest header name we care about, plus room */
     EXPECT_MAX = 32,
     TE_MAX = 64, /* Transfer-Encoding kept to check its codings; longer is refused */
 };
@@ -50,6 +54,13 @@ struct pending {
     const char *route_name;
 };
 
+/* Output bytes in write order that no longer grow: a former `out` (status
+ * lines, headers, small bodies) or a large body taken from its response. */
+struct out_seg {
+    struct buf b;
+    size_t off; /* bytes of b already handed to the kernel */
+};
+
 struct conn {
     struct conn_node node;
     struct app *app;
@@ -70,9 +81,15 @@ struct conn {
     struct pending *qhead, *qtail;
     size_t qlen;
 
-    struct buf out;  /* serialized, not yet written */
-    struct buf wbuf; /* being written */
-    struct buf in;   /* input kept while parsing is paused */
+    /* Output, in write order: the segments (a ring), then `out`. The first
+     * seg_writing segments are the uv_write in flight. seg_bytes counts the
+     * segments' bytes not yet written (in flight included). */
+    struct out_seg seg[OUT_SEGS];
+    unsigned seg_first, seg_count, seg_writing;
+    size_t seg_bytes;
+    struct buf out;   /* serialized, not yet written; appended to */
+    struct buf spare; /* an empty buffer kept for the next `out` */
+    struct buf in;    /* input kept while parsing is paused */
     struct buf test_out;
 
     int writing, reading, paused, in_parse, in_pump;
