@@ -89,16 +89,28 @@ int ix_ht_reserve(kvidx_index_t *idx, size_t extra)
     idx->ht = t;
     idx->ht_tag = tg;
     idx->ht_cap = cap;
-    for (size_t i = 0; i < old_cap; i++) {
-        uint32_t ref = old[i];
-        if (ref == KVIDX_REF_NONE)
+    /* The old slots are taken in windows of W refs whose records are
+     * prefetched before their hashes are computed: the record reads are
+     * what a rehash waits for, and a window lets their misses overlap. */
+    enum { W = 32 };
+    uint32_t win[W];
+    size_t nwin = 0;
+    for (size_t i = 0; i <= old_cap; i++) {
+        if (i < old_cap && old[i] != KVIDX_REF_NONE) {
+            win[nwin++] = old[i];
+            PREFETCH(rec_at(idx, old[i]));
+        }
+        if (nwin < W && i < old_cap)
             continue;
-        uint64_t h = ref_hash(idx, ref);
-        size_t j = ht_home(idx, h);
-        while (t[j] != KVIDX_REF_NONE)
-            j = ht_next(idx, j);
-        t[j] = ref;
-        tg[j] = h_tag(h);
+        for (size_t k = 0; k < nwin; k++) {
+            uint64_t h = ref_hash(idx, win[k]);
+            size_t j = ht_home(idx, h);
+            while (t[j] != KVIDX_REF_NONE)
+                j = ht_next(idx, j);
+            t[j] = win[k];
+            tg[j] = h_tag(h);
+        }
+        nwin = 0;
     }
     kvidx_free(old);
     return 0;
