@@ -13,7 +13,10 @@ What is checked, over a real kvidxd under fsync=always:
 * a batch bigger than one record's payload (1 MiB) is split into several
   KEYS records, none past the bound, their counts adding up to the batch;
   it comes back whole after kill -9, and a journal torn inside its last
-  record drops the whole request (every record of it), not a part.
+  record drops the whole request (every record of it), not a part;
+* a KEYS record whose namespace breaks the key rules is skipped with all
+  its keys (logged with its offset, counted in /metrics), the records
+  around it applied.
 """
 
 import os
@@ -24,8 +27,12 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_persistence import (  # noqa: E402
+    JOURNAL_RE,
     KVIDX_JOURNAL_HEADER,
     PersistenceBase,
+    canon,
+    crc32c,
+    frame,
     key,
     newest_journal,
 )
@@ -48,6 +55,19 @@ def keys_namespace(payload):
     """(model, salt, count) of a KEYS payload."""
     ml, sl, count = payload[1], payload[2], struct.unpack_from("<I", payload, 3)[0]
     return payload[7:7 + ml], payload[7 + ml:7 + ml + sl], count
+
+
+def keys_record(model, salt, states):
+    """A KEYS record of (hash bytes, tiers, size) states, rank and group 0."""
+    body = b"".join(struct.pack("<BBHIQ", tiers, len(h), 0, 0, size) + h
+                    for h, tiers, size in states)
+    return frame(struct.pack("<BBBI", KEYS, len(model), len(salt), len(states)) + model + salt +
+                 body)
+
+
+def journal_v3(gen, recs):
+    h = b"KVIDXJNL" + struct.pack("<IIQ", 3, 0, gen)
+    return h + struct.pack("<II", crc32c(h), 0) + b"".join(recs)
 
 
 def key64(i, model, salt=""):
@@ -165,6 +185,35 @@ class BatchRecords(PersistenceBase):
         self.wait_ready(d)
         self.assert_present(d, early + big)
         self.assertEqual(self.stats_keys(d)[0]["total"], n + len(early))
+        self.stop(d)
+
+    def test_a_keys_record_breaking_the_key_rules_is_skipped_whole(self):
+        dd = self.new_dir()
+        d = self.start(dd)
+        kept = [key(i, "rules") for i in range(5)]
+        self.put(d, kept)
+        self.stop(d)
+        newest = int(JOURNAL_RE.match(os.path.basename(newest_journal(dd))).group(1), 16)
+
+        def h(i):
+            return struct.pack(">Q", i)
+        good = keys_record(b"rules", b"", [(h(100), 2, 7), (h(0), 0, 0)])  # a store, a delete
+        bad = keys_record(b"has@at", b"", [(h(i), 2, 5) for i in range(3)])
+        after = keys_record(b"rules", b"", [(h(101), 1, 9)])
+        name = "journal-%016x.kvj" % (newest + 1)
+        with open(os.path.join(dd, name), "wb") as f:
+            f.write(journal_v3(newest + 1, [good, bad, after]))
+        d = self.start(dd)
+        self.wait_ready(d)
+        got = self.list_all(d, page_size=2)
+        want = [canon(k) for k in kept[1:]] + [canon(key(100, "rules")), canon(key(101, "rules"))]
+        self.assertEqual(sorted(got), sorted(want))
+        log = d.log()
+        self.assertRegex(log, r"(?i)key rules")
+        self.assertRegex(log, r"\b%d\b" % (KVIDX_JOURNAL_HEADER + len(good)))
+        self.assertRegex(log, r"(?i)skipped 3\b")
+        r = d.request("GET", "/metrics")
+        self.assertRegex(r.body.decode(), r"(?m)^kvidx_restore_skipped_records 3$")
         self.stop(d)
 
 

@@ -92,6 +92,9 @@ static void keys_close(struct persist *p)
     p->keys_open = 0;
 }
 
+/* The most bytes a state adds to a KEYS record. */
+#define STATE_MAX (KVIDX_JKEYS_STATE_FIXED + KVIDX_HASH_MAX)
+
 /* Stages the KEY record *r: into the open KEYS record when it can join
  * it, else as a new KEYS record, left open. Makes room for extra bytes
  * more. 0, or KVIDX_EINVAL / KVIDX_ENOMEM with nothing staged (an open
@@ -100,11 +103,14 @@ static int stage_key(struct persist *p, const kvidx_jrec_t *r, size_t extra)
 {
     struct buf *b = &p->stage;
     if (p->keys_open) {
-        size_t n = kvidx_jkeys_room((const uint8_t *)b->data + p->keys_at, r);
+        /* Room for the largest state first, so that the namespace is
+         * checked once a key (the stage grows by doubling: this reaches
+         * its next size at most a state earlier than the exact size). */
+        if (buf_reserve(b, STATE_MAX + extra) != 0)
+            return KVIDX_ENOMEM;
+        size_t n = kvidx_jkeys_add((uint8_t *)b->data + p->keys_at, r);
         if (n) {
-            if (buf_reserve(b, n + extra) != 0)
-                return KVIDX_ENOMEM;
-            b->len += kvidx_jkeys_add((uint8_t *)b->data + p->keys_at, r);
+            b->len += n;
             return 0;
         }
         keys_close(p);
