@@ -538,10 +538,13 @@ size_t kvidx_jkeys_room(const uint8_t *rec, const kvidx_jrec_t *r)
     const kvidx_key_t *k = &r->key;
     const uint8_t *p = rec + KVIDX_JREC_HDR_LEN;
     size_t plen = get32(rec), add = (size_t)STATE_FIXED + k->hash_len;
-    if (r->type != KVIDX_JREC_KEY || !payload_size(r) || p[1] != k->model_len ||
-        p[2] != k->salt_len || memcmp(p + KEYS_FIXED, k->model, k->model_len) != 0 ||
-        (k->salt_len && memcmp(p + KEYS_FIXED + k->model_len, k->salt, k->salt_len) != 0) ||
-        plen > KVIDX_JREC_PAYLOAD_MAX || KVIDX_JREC_PAYLOAD_MAX - plen < add)
+    /* The record's namespace passed ns_ok when it was begun: equal
+     * lengths make the key's pass it too. */
+    if (r->type != KVIDX_JREC_KEY || !hash_ok(k->hash_len) ||
+        !state_ok(r->tiers, r->size_bytes, 1) || p[1] != k->model_len || p[2] != k->salt_len ||
+        plen > KVIDX_JREC_PAYLOAD_MAX || KVIDX_JREC_PAYLOAD_MAX - plen < add ||
+        memcmp(p + KEYS_FIXED, k->model, k->model_len) != 0 ||
+        (k->salt_len && memcmp(p + KEYS_FIXED + k->model_len, k->salt, k->salt_len) != 0))
         return 0;
     return add;
 }
