@@ -32,6 +32,8 @@
  *     is kept in `in`;
  *   - a body is taken only when two segments are free and one more stays
  *     free, so a write can always seal `out`; past that, bodies are copied;
+ *     a taken body's buffer is at most about twice its length (the rest is
+ *     given back first), as `out` grown by doubling is;
  *   - a written buffer above BIG_BUF is freed; one smaller is kept as the
  *     spare for the next `out`;
  *   - after a limit or parse error the error answer is the last one;
@@ -174,6 +176,21 @@ static void seg_push(struct conn *c, struct buf *b)
     s->off = 0;
     c->seg_bytes += b->len;
     buf_init(b);
+}
+
+/* A body reserved for far more than it holds (a handler's worst-case
+ * bound) gives the rest back before the connection keeps it, so that a
+ * taken body holds at most about twice the bytes it counts, as a buffer
+ * grown by doubling does. */
+static void shrink_to_fit(struct buf *b)
+{
+    if (b->cap / 2 <= b->len + 1)
+        return;
+    char *p = realloc(b->data, b->len + 1);
+    if (p) {
+        b->data = p;
+        b->cap = b->len + 1;
+    }
 }
 
 /* `out` becomes a segment and goes on in the spare buffer (or none yet). */
@@ -374,6 +391,7 @@ static void serialize(struct conn *c, struct pending *p, int close)
     } else if (body_len >= OWN_BODY_MIN && body == res->body.data && !o->failed &&
                c->seg_count + 3 <= OUT_SEGS) {
         /* Large: the headers end `out`, the body's buffer follows it. */
+        shrink_to_fit(&res->body);
         seal_out(c);
         seg_push(c, &res->body);
     } else {

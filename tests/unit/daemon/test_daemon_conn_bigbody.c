@@ -41,6 +41,13 @@ static int h_big(const struct request *req, struct response *res)
     return 0;
 }
 
+/* The same body in a buffer reserved for far more (a worst-case bound). */
+static int h_reserved(const struct request *req, struct response *res)
+{
+    cr_assert_eq(buf_reserve(&res->body, 4u << 20), 0);
+    return h_big(req, res);
+}
+
 static int h_small(const struct request *req, struct response *res)
 {
     (void)req;
@@ -69,6 +76,7 @@ static int h_later(const struct request *req, struct response *res)
 static const struct route routes[] = {
     {M_GET, "/big", h_big, "big", ROUTE_READ},
     {M_GET, "/small", h_small, "small", ROUTE_READ},
+    {M_GET, "/reserved", h_reserved, "reserved", ROUTE_READ},
     {M_GET, "/later", h_later, "later", ROUTE_READ},
     {0, NULL, NULL, NULL, 0},
 };
@@ -180,11 +188,19 @@ Test(bigbody, sizes_around_the_threshold_are_exact)
 Test(bigbody, small_big_small_in_order)
 {
     char *r[] = {
-        req("GET", "/small", ""),        req("GET", "/big?n=300000", ""),
-        req("GET", "/small", ""),        req("GET", "/big?n=16384", ""),
-        req("GET", "/big?n=16383", ""),  req("GET", "/nope", ""),
-        req("GET", "/big?n=20000", ""),  req("GET", "/big?n=70000", ""),
-        req("HEAD", "/big?n=50000", ""), req("GET", "/small", ""),
+        req("GET", "/small", ""),
+        req("GET", "/big?n=300000", ""),
+        req("GET", "/small", ""),
+        req("GET", "/big?n=16384", ""),
+        req("GET", "/big?n=16383", ""),
+        req("GET", "/nope", ""),
+        req("GET", "/big?n=20000", ""),
+        req("GET", "/big?n=70000", ""),
+        req("HEAD", "/big?n=50000", ""),
+        req("GET", "/small", ""),
+        req("GET", "/reserved?n=40000", ""),
+        req("GET", "/reserved?n=100", ""),
+        req("GET", "/small", ""),
     };
     check_sequence(r, sizeof(r) / sizeof(r[0]));
 }
