@@ -178,21 +178,6 @@ static void seg_push(struct conn *c, struct buf *b)
     buf_init(b);
 }
 
-/* A body reserved for far more than it holds (a handler's worst-case
- * bound) gives the rest back before the connection keeps it, so that a
- * taken body holds at most about twice the bytes it counts, as a buffer
- * grown by doubling does. */
-static void shrink_to_fit(struct buf *b)
-{
-    if (b->cap / 2 <= b->len + 1)
-        return;
-    char *p = realloc(b->data, b->len + 1);
-    if (p) {
-        b->data = p;
-        b->cap = b->len + 1;
-    }
-}
-
 /* `out` becomes a segment and goes on in the spare buffer (or none yet). */
 static void seal_out(struct conn *c)
 {
@@ -390,8 +375,12 @@ static void serialize(struct conn *c, struct pending *p, int close)
         /* headers only */
     } else if (body_len >= OWN_BODY_MIN && body == res->body.data && !o->failed &&
                c->seg_count + 3 <= OUT_SEGS) {
-        /* Large: the headers end `out`, the body's buffer follows it. */
-        shrink_to_fit(&res->body);
+        /* Large: the headers end `out`, the body's buffer follows it. A
+         * body reserved for far more than it holds (a handler's worst-case
+         * bound) first gives the rest back: a taken body holds at most
+         * about twice the bytes it counts, as a buffer grown by doubling
+         * does. */
+        buf_shrink(&res->body, res->body.len + 1);
         seal_out(c);
         seg_push(c, &res->body);
     } else {

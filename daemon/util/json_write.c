@@ -58,6 +58,17 @@ int buf_reserve(struct buf *b, size_t extra)
     return 0;
 }
 
+void buf_shrink(struct buf *b, size_t max_slack)
+{
+    if (!b->data || b->failed || b->cap - (b->len + 1) <= max_slack)
+        return;
+    char *p = realloc(b->data, b->len + 1);
+    if (p) {
+        b->data = p;
+        b->cap = b->len + 1;
+    }
+}
+
 void buf_append(struct buf *b, const void *p, size_t n)
 {
     if (buf_reserve(b, n) != 0)

@@ -26,6 +26,11 @@ void buf_init(struct buf *b);
 void buf_free(struct buf *b);
 void buf_reset(struct buf *b);                /* len = 0, keeps the memory */
 int buf_reserve(struct buf *b, size_t extra); /* 0 or KVIDX_ENOMEM */
+/* Gives back the memory past the bytes held when it is more than
+ * max_slack bytes: cap becomes len + 1. Contents are kept; if the smaller
+ * allocation fails the buffer stays as it was. A failed or empty buffer is
+ * left alone. */
+void buf_shrink(struct buf *b, size_t max_slack);
 void buf_append(struct buf *b, const void *p, size_t n);
 void buf_puts(struct buf *b, const char *s);
 void buf_putc(struct buf *b, char c);

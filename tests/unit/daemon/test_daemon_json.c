@@ -474,3 +474,27 @@ Test(jw, indices_hex_and_decimals_match_snprintf)
         cr_assert_str_eq(out, ref, "n = %zu", n);
     }
 }
+
+Test(buf, shrink_gives_back_slack_past_the_bound_and_keeps_the_bytes)
+{
+    struct buf b;
+    buf_init(&b);
+    buf_shrink(&b, 0); /* empty: nothing to do */
+    cr_assert_null(b.data);
+    cr_assert_eq(buf_reserve(&b, 1u << 20), 0);
+    buf_puts(&b, "0123456789");
+    cr_assert_geq(b.cap, (size_t)(1u << 20));
+    buf_shrink(&b, b.cap); /* within the bound: kept */
+    cr_assert_geq(b.cap, (size_t)(1u << 20));
+    buf_shrink(&b, 100);
+    cr_assert_eq(b.cap, 11, "cap %zu", b.cap);
+    cr_assert_eq(b.len, 10);
+    cr_assert_str_eq(b.data, "0123456789");
+    buf_puts(&b, "ab"); /* still a working buffer */
+    cr_assert_str_eq(b.data, "0123456789ab");
+    cr_assert(!b.failed);
+    size_t cap = b.cap;
+    buf_shrink(&b, cap - b.len - 1); /* slack exactly at the bound: kept */
+    cr_assert_eq(b.cap, cap);
+    buf_free(&b);
+}
