@@ -210,10 +210,38 @@ class BatchRecords(PersistenceBase):
         self.assertEqual(sorted(got), sorted(want))
         log = d.log()
         self.assertRegex(log, r"(?i)key rules")
-        self.assertRegex(log, r"\b%d\b" % (KVIDX_JOURNAL_HEADER + len(good)))
+        start = KVIDX_JOURNAL_HEADER + len(good)
+        self.assertRegex(log, r"at bytes %d\.\.%d breaks" % (start, start + len(bad)))
         self.assertRegex(log, r"(?i)skipped 3\b")
         r = d.request("GET", "/metrics")
         self.assertRegex(r.body.decode(), r"(?m)^kvidx_restore_skipped_records 3$")
+        self.stop(d)
+
+    def test_each_skipped_keys_record_is_logged_whatever_its_size(self):
+        # The first records of a file that break the key rules are logged one
+        # by one: a KEYS record of many keys is one of them, not one per key.
+        dd = self.new_dir()
+        d = self.start(dd)
+        self.put(d, [key(0, "rules")])
+        self.stop(d)
+        newest = int(JOURNAL_RE.match(os.path.basename(newest_journal(dd))).group(1), 16)
+
+        def h(i):
+            return struct.pack(">Q", i)
+        bad1 = keys_record(b"has@at", b"", [(h(i), 2, 5) for i in range(12)])
+        bad2 = keys_record(b"has@too", b"", [(h(i), 2, 5) for i in range(2)])
+        name = "journal-%016x.kvj" % (newest + 1)
+        with open(os.path.join(dd, name), "wb") as f:
+            f.write(journal_v3(newest + 1, [bad1, bad2]))
+        d = self.start(dd)
+        self.wait_ready(d)
+        log = d.log()
+        start2 = KVIDX_JOURNAL_HEADER + len(bad1)
+        self.assertRegex(log, r"at bytes %d\.\.%d breaks" % (KVIDX_JOURNAL_HEADER, start2))
+        self.assertRegex(log, r"at bytes %d\.\.%d breaks" % (start2, start2 + len(bad2)))
+        self.assertRegex(log, r"(?i)skipped 14 keys")
+        r = d.request("GET", "/metrics")
+        self.assertRegex(r.body.decode(), r"(?m)^kvidx_restore_skipped_records 14$")
         self.stop(d)
 
 

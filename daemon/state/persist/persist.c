@@ -221,8 +221,7 @@ static void persist_gauges(void *ctx, struct buf *out)
 {
     const struct persist *p = ctx;
     metrics_single(out, "kvidx_restore_skipped_records", "gauge",
-                   "Records the last start skipped because their keys break the key rules.",
-                   p->skipped);
+                   "Keys the last start skipped because they break the key rules.", p->skipped);
 }
 
 /* The loop's handles, the writer thread and the gauges. */

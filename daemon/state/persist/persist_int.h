@@ -92,7 +92,8 @@ struct persist {
     uint64_t appended_seq;  /* end of everything encoded so far */
     uint64_t journal_bytes; /* since the last snapshot, incl. files kept at start */
     /* The request's group (group_open, group_close): its BEGIN sits at
-     * stage offset group_at, group_recs records were appended since. */
+     * stage offset group_at, group_recs changes were appended since (the
+     * key changes of one KEYS record count one each). */
     int group_open;
     size_t group_at;
     uint64_t group_recs;
@@ -129,7 +130,7 @@ struct persist {
     uint64_t snap_epoch;    /* child_epoch of the last snapshot written */
     uint64_t req_epoch;     /* gap_epoch when the request being handled began */
     uint64_t cur_gen;       /* generation new records go to */
-    uint64_t skipped;       /* records restore skipped for breaking the key rules */
+    uint64_t skipped;       /* keys restore skipped for breaking the key rules */
     struct kvidx_dir_replay *dir_replay; /* restore only: the fleet directory's replayer */
     uint64_t dir_bad;                    /* fleet directory records restore could not apply */
 

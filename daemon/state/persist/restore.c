@@ -11,12 +11,13 @@
  * (header, trailer, a record, the counts, the checksum computed while
  * reading) stops the start, and the keys loaded by then are never served.
  * Journals are replayed in generation order, each record applied as the
- * state it names (a KEYS record: each of its states, in order); a torn or corrupt record ends its
- * journal, which is truncated there (and fsynced) so that later appends never sit behind garbage. A
- * journal with a damaged header is set aside as .bad. Nothing is deleted or truncated on the word
- * of a file that cannot be right: a generation at the end of its range, a snapshot claiming
- * journals it cannot cover, or anything but a regular file under one of
- * our names stops the start instead. A key that breaks the key rules is
+ * state it names (a KEYS record: each of its states, in order); a torn or
+ * corrupt record ends its journal, which is truncated there (and fsynced)
+ * so that later appends never sit behind garbage. A journal with a
+ * damaged header is set aside as .bad. Nothing is deleted or truncated on
+ * the word of a file that cannot be right: a generation at the end of its
+ * range, a snapshot claiming journals it cannot cover, or anything but a
+ * regular file under one of our names stops the start instead. A key that breaks the key rules is
  * skipped and counted (no request could name it), the rest of its file
  * applied.
  */
@@ -42,10 +43,11 @@
 #define BATCH          16384
 #define NBUF           4
 #define JOURNALS_MERGE 8  /* journals replayed at a start that make a snapshot due */
-#define SKIP_LOG_MAX   10 /* keys breaking the rules logged one by one, per file */
+#define SKIP_LOG_MAX   10 /* records of keys breaking the rules logged one by one, per file */
 
-/* A key that breaks the key rules, skipped: logged (the first few of a
- * file), counted by the caller. bytes from..to hold its record(s). */
+/* A key that breaks the key rules, skipped: logged (the first few records
+ * of a file; nth numbers them), counted by the caller. bytes from..to
+ * hold its record(s); a KEYS record is one entry for all its keys. */
 static void log_skipped(const char *what, const char *path, size_t from, size_t to,
                         const kvidx_reason_t *why, uint64_t nth)
 {
@@ -363,8 +365,8 @@ out:
 /* What restore found, for its log lines. */
 struct restore_counts {
     struct persist_snapshot_info snap;
-    uint64_t nrec;    /* journal records replayed (a KEYS record: its states) */
-    uint64_t skipped; /* journal records skipped for breaking the key rules */
+    uint64_t nrec;    /* key states and other changes replayed from journals */
+    uint64_t skipped; /* journal keys skipped for breaking the key rules */
     size_t replayed;  /* journals replayed */
 };
 
@@ -438,20 +440,26 @@ static void replay_key(struct persist *p, const char *path, const kvidx_jrec_t *
         log_warn("journal %s: a record at byte %zu could not be applied (capacity?)", path, at);
 }
 
+/* The keys of one journal skipped for breaking the key rules, and the
+ * records they were in (what log_skipped numbers). */
+struct skips {
+    uint64_t keys;
+    uint64_t records;
+};
+
 /* Applies one journal record; at is its first byte, for messages. Adds
  * the states it applied (1 for a record other than KEY or KEYS) to
- * *applied; the keys that break the key rules are skipped and added to
- * *skipped. 0, or -1 when out of memory. */
+ * *applied; the keys that break the key rules are skipped and counted in
+ * *sk. 0, or -1 when out of memory. */
 static int replay_rec(struct persist *p, const char *path, const kvidx_jrec_t *rec, size_t at,
-                      size_t end, struct key_rules *rules, uint64_t *skipped, uint64_t *applied)
+                      size_t end, struct key_rules *rules, struct skips *sk, uint64_t *applied)
 {
     kvidx_reason_t why;
     if ((rec->type == KVIDX_JREC_KEY || rec->type == KVIDX_JREC_KEYS) &&
         store_key_check(rules, &rec->key, &why) != 0) {
         /* A KEYS record's keys share its namespace: all of them go. */
-        log_skipped("journal", path, at, end, &why, ++*skipped);
-        if (rec->type == KVIDX_JREC_KEYS)
-            *skipped += rec->count - 1;
+        log_skipped("journal", path, at, end, &why, ++sk->records);
+        sk->keys += rec->type == KVIDX_JREC_KEYS ? rec->count : 1;
         return 0;
     }
     if (rec->type == KVIDX_JREC_KEYS) {
@@ -508,7 +516,7 @@ static int journal_replay(struct persist *p, uint64_t gen, struct restore_counts
     }
     kvidx_jrec_t rec;
     struct key_rules rules = {0};
-    uint64_t skipped = 0;
+    struct skips sk = {0, 0};
     size_t at = off, group_end;
     int got;
     while ((got = kvidx_journal_next(data, len, &off, &rec)) == 1) {
@@ -535,7 +543,7 @@ static int journal_replay(struct persist *p, uint64_t gen, struct restore_counts
             at = off;
             continue;
         }
-        if (replay_rec(p, path, &rec, at, off, &rules, &skipped, &c->nrec) != 0) {
+        if (replay_rec(p, path, &rec, at, off, &rules, &sk, &c->nrec) != 0) {
             log_error("refusing to start: out of memory replaying %s", path);
             rc = KVIDX_EINTERNAL;
             goto out;
@@ -543,7 +551,7 @@ static int journal_replay(struct persist *p, uint64_t gen, struct restore_counts
         at = off;
     }
     fleet_replay_end(p);
-    c->skipped += skipped;
+    c->skipped += sk.keys;
     if (got < 0 && (rc = truncate_tail(p, path, off, len)) != 0)
         goto out;
     p->journal_bytes += off;
@@ -659,7 +667,7 @@ int restore(struct persist *p)
     p->good_len = KVIDX_JOURNAL_HEADER_LEN;
     p->skipped = c.snap.skipped + c.skipped;
     if (p->skipped)
-        log_warn("restore: skipped %llu records whose keys break the key rules (%llu in the "
+        log_warn("restore: skipped %llu keys that break the key rules (%llu in the "
                  "snapshot, %llu in journals); no request can name such a key, so nothing a "
                  "client can reach is lost. They leave the disk with the next snapshot.",
                  (unsigned long long)p->skipped, (unsigned long long)c.snap.skipped,
@@ -675,7 +683,7 @@ int restore(struct persist *p)
         p->journal_bytes = due;
     }
     log_info("restored from %s: snapshot %llu keys, %llu layouts in %.3f s; %llu journal "
-             "records from %zu journal(s) in %.3f s; now %llu keys; journal generation %llu, "
+             "changes from %zu journal(s) in %.3f s; now %llu keys; journal generation %llu, "
              "fsync=%s",
              p->dir, (unsigned long long)c.snap.keys, (unsigned long long)c.snap.layouts, t1 - t0,
              (unsigned long long)c.nrec, c.replayed, now_s() - t1,

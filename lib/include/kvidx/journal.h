@@ -115,7 +115,9 @@ int kvidx_jrec_encode(const kvidx_jrec_t *r, uint8_t *out, size_t cap, size_t *l
  * with one state, grown while the states that follow are KEY records of
  * the same namespace and the payload stays within KVIDX_JREC_PAYLOAD_MAX,
  * and closed. While it is open its length and count are always right but
- * its checksum is not written: a reader refuses it until it is closed. */
+ * its checksum is not written (it holds 0), so a reader takes it for a
+ * corrupt record unless those bytes happen to check. Only a closed record
+ * ever leaves the loop thread (the journal writer closes it first). */
 #define KVIDX_JKEYS_FIXED       7
 #define KVIDX_JKEYS_STATE_FIXED 16
 
