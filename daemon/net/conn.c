@@ -6,8 +6,9 @@
  * Flow: bytes -> conn_parse() -> per-request `struct pending` that owns
  * every string the handler sees -> router_dispatch() -> the answer waits in
  * the connection's FIFO until it and all earlier answers are done ->
- * serialized into `out` -> one uv_write (after a uv_try_write) carries
- * every answer serialized since the previous write.
+ * serialized into `out` -> a uv_try_write, then one uv_write for what it
+ * left, carries everything serialized before it started; answers
+ * serialized while a uv_write is in flight wait for the next one.
  *
  * Output is a short list of buffers in write order: the segments (a ring
  * of at most OUT_SEGS), then `out`, which answers are appended to. A body
@@ -16,8 +17,8 @@
  * `out` goes on in a fresh (or the spare) buffer. A write seals `out` as a
  * segment too and hands every segment to one uv_try_write / uv_write as
  * iovecs; a partial write advances the first segments' offsets. So the
- * listing page, 250 KB for 1000 entries, reaches the kernel from the buffer
- * its handler wrote it in.
+ * listing page, about 209 KB for 1000 entries, reaches the kernel from the
+ * buffer its handler wrote it in.
  *
  * Invariants:
  *   - answers leave in request order; a deferred answer holds back the
