@@ -1,7 +1,7 @@
 /*
  * One HTTP/1.1 connection (see conn.h): the answer queue, serialization,
- * writes, timeouts and the close sequence. Parsing is in conn_parse.c; the
- * state both share is in conn_int.h.
+ * writes, timeouts and the close sequence. Parsing is in conn_parse.c, the
+ * test transport in conn_test.c; the state they share is in conn_int.h.
  *
  * Flow: bytes -> conn_parse() -> per-request `struct pending` that owns
  * every string the handler sees -> router_dispatch() -> the answer waits in
@@ -19,6 +19,12 @@
  * iovecs; a partial write advances the first segments' offsets. So the
  * listing page, about 209 KB for 1000 entries, reaches the kernel from the
  * buffer its handler wrote it in.
+ *
+ * The test transport (conn_test.c) either takes every answer whole as it is
+ * serialized, or, after conn_test_set_writes(), stands in for the
+ * socket's two writes (out_try_write, out_write; there is no reading or
+ * half-close to do), so that tests drive this same write path with short
+ * writes and writes held in flight.
  *
  * Invariants:
  *   - answers leave in request order; a deferred answer holds back the
@@ -58,7 +64,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void pump(struct conn *c);
 static void on_res_complete(struct response *res);
 
 /* ---------------------------------------------------------------------- */
@@ -145,7 +150,7 @@ static void discard_all(struct conn *c)
 
 /* Parses nothing more and drops the message being received, if any; the
  * requests received whole are still answered. */
-static void stop_receiving(struct conn *c)
+void conn_stop_receiving(struct conn *c)
 {
     c->stop_parsing = 1;
     if (c->cur) {
@@ -231,7 +236,7 @@ static unsigned seg_bufs(struct conn *c, uv_buf_t *b)
     return c->seg_count;
 }
 
-static void free_output(struct conn *c)
+void conn_free_output(struct conn *c)
 {
     while (c->seg_count > 0)
         seg_release_first(c);
@@ -455,7 +460,7 @@ static void on_close(uv_handle_t *h)
     struct conn *c = h->data;
     if (--c->handles_open > 0)
         return;
-    free_output(c);
+    conn_free_output(c);
     buf_free(&c->in);
     free(c);
 }
@@ -493,7 +498,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b)
         if (c->lingering)
             return;
         conn_parse(c, b->base, (size_t)nread);
-        pump(c);
+        conn_pump(c);
         return;
     }
     if (nread == 0)
@@ -504,8 +509,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b)
     }
     /* EOF: answer what was received completely, then close. */
     c->peer_eof = 1;
-    stop_receiving(c);
-    pump(c);
+    conn_stop_receiving(c);
+    conn_pump(c);
 }
 
 static void on_shutdown(uv_shutdown_t *r, int status)
@@ -546,11 +551,11 @@ static void arm_timer(struct conn *c)
         arm(c, c->anchor_ms + cfg->idle_timeout_ms, T_CLOSE);
 }
 
-static void fire(struct conn *c, enum timer_action a)
+void conn_fire(struct conn *c, enum timer_action a)
 {
     if (a == T_408) {
         conn_queue_error(c, KVIDX_ETIMEDOUT, "The request was not received in time.");
-        pump(c);
+        conn_pump(c);
     } else if (a == T_CLOSE) {
         conn_close(c);
     }
@@ -568,11 +573,11 @@ static void on_timer(uv_timer_t *t)
     arm_timer(c); /* recompute: progress may have moved the deadline */
     if (c->timer_action != T_NONE && conn_now_ms(c) >= c->deadline) {
         uv_timer_stop(&c->timer);
-        fire(c, c->timer_action);
+        conn_fire(c, c->timer_action);
     }
 }
 
-static void on_write(uv_write_t *r, int status)
+void conn_on_write(uv_write_t *r, int status)
 {
     struct conn *c = r->data;
     c->writing = 0;
@@ -586,7 +591,34 @@ static void on_write(uv_write_t *r, int status)
         return;
     }
     c->last_progress_ms = conn_now_ms(c);
-    pump(c);
+    conn_pump(c);
+}
+
+/* The socket's uv_try_write. The test transport takes at most
+ * test_budget bytes of the iovecs, in order. */
+static int out_try_write(struct conn *c, const uv_buf_t *b, unsigned n)
+{
+    if (!c->test)
+        return uv_try_write(conn_stream(c), b, n);
+    size_t left = c->test_budget, done = 0;
+    for (unsigned i = 0; i < n && left > 0; i++) {
+        size_t k = b[i].len < left ? b[i].len : left;
+        buf_append(&c->test_out, b[i].base, k);
+        done += k;
+        left -= k;
+    }
+    return done > 0 ? (int)done : UV_EAGAIN;
+}
+
+/* The socket's uv_write. The test transport keeps the iovecs: the bytes
+ * they point to are "written" when conn_test_write() completes the write. */
+static int out_write(struct conn *c, const uv_buf_t *b, unsigned n)
+{
+    if (!c->test)
+        return uv_write(&c->wreq, conn_stream(c), b, n, conn_on_write);
+    memcpy(c->test_wbuf, b, n * sizeof(*b));
+    c->test_wn = n;
+    return 0;
 }
 
 static void start_write(struct conn *c)
@@ -601,7 +633,7 @@ static void start_write(struct conn *c)
             seal_out(c);
         if (c->seg_count == 0)
             return;
-        int n = uv_try_write(conn_stream(c), b, seg_bufs(c, b));
+        int n = out_try_write(c, b, seg_bufs(c, b));
         if (n < 0 && n != UV_EAGAIN && n != UV_ENOSYS) {
             conn_close(c);
             return;
@@ -613,9 +645,11 @@ static void start_write(struct conn *c)
         if (c->seg_count > 0)
             break;
     }
+    if (c->test && !c->test_hold)
+        return; /* the rest waits for the next conn_test_write() */
     c->seg_writing = seg_bufs(c, b);
     c->wreq.data = c;
-    if (uv_write(&c->wreq, conn_stream(c), b, c->seg_writing, on_write) < 0) {
+    if (out_write(c, b, c->seg_writing) < 0) {
         c->seg_writing = 0;
         conn_close(c);
         return;
@@ -625,6 +659,8 @@ static void start_write(struct conn *c)
 
 static void update_reading(struct conn *c)
 {
+    if (c->test)
+        return;
     int want =
         !c->closing && (c->lingering || (!c->paused && !c->stop_parsing && !c->peer_eof &&
                                          conn_unsent(c) <= c->app->cfg.max_conn_output_bytes));
@@ -642,7 +678,7 @@ static void update_reading(struct conn *c)
  * get a reset that destroys the answer it has not read yet. */
 static void finish(struct conn *c)
 {
-    if (c->peer_eof || c->out.failed) {
+    if (c->peer_eof || c->out.failed || c->test) {
         conn_close(c);
         return;
     }
@@ -656,7 +692,8 @@ static void finish(struct conn *c)
     uv_timer_start(&c->timer, on_timer, LINGER_MS, 0);
 }
 
-/* The test transport "writes" everything instantly, in the same order. */
+/* The test transport without conn_test_set_writes() "writes" everything
+ * instantly, in the same order. */
 static void test_write(struct conn *c)
 {
     while (c->seg_count > 0) {
@@ -668,7 +705,7 @@ static void test_write(struct conn *c)
     buf_reset(&c->out);
 }
 
-static void pump(struct conn *c)
+void conn_pump(struct conn *c)
 {
     if (c->closing || c->in_pump || c->lingering)
         return;
@@ -677,7 +714,7 @@ static void pump(struct conn *c)
         serialize_ready(c);
         if (c->closing)
             break;
-        if (c->test) {
+        if (c->test && !c->test_writes) {
             test_write(c);
         } else if (conn_unsent(c) > c->app->cfg.max_conn_output_bytes) {
             /* Past the limit: try to hand the output to the kernel now; if
@@ -694,7 +731,7 @@ static void pump(struct conn *c)
     c->in_pump = 0;
     if (c->closing)
         return;
-    if (c->test) {
+    if (c->test && !c->test_writes) {
         if (c->close_after)
             conn_close(c);
         return;
@@ -715,13 +752,13 @@ static void on_res_complete(struct response *res)
 {
     struct pending *p = res->owner;
     if (p && p->conn && !p->conn->in_parse)
-        pump(p->conn);
+        conn_pump(p->conn);
 }
 
 /* ---------------------------------------------------------------------- */
 /* Construction                                                            */
 
-static struct conn *alloc_conn(struct app *app, struct conn_budget *budget)
+struct conn *conn_alloc(struct app *app, struct conn_budget *budget)
 {
     struct conn *c = calloc(1, sizeof(*c));
     if (!c)
@@ -739,7 +776,7 @@ static struct conn *alloc_conn(struct app *app, struct conn_budget *budget)
 
 struct conn *conn_new(struct app *app, const struct conn_host *host)
 {
-    struct conn *c = alloc_conn(app, host->budget);
+    struct conn *c = conn_alloc(app, host->budget);
     if (!c)
         return NULL;
     c->host = *host;
@@ -782,13 +819,13 @@ void conn_start(struct conn *c)
     uv_tcp_nodelay(&c->tcp, 1);
     note_peer(c);
     c->anchor_ms = c->last_progress_ms = conn_now_ms(c);
-    pump(c);
+    conn_pump(c);
 }
 
 void conn_reject(struct conn *c, int err)
 {
     conn_queue_error(c, err, "The server has too many connections; retry later.");
-    pump(c);
+    conn_pump(c);
 }
 
 void conn_drain(struct conn *c)
@@ -796,78 +833,10 @@ void conn_drain(struct conn *c)
     if (c->closing)
         return;
     c->draining = 1;
-    stop_receiving(c);
+    conn_stop_receiving(c);
     if (!c->qhead && conn_unsent(c) == 0) {
         conn_close(c);
         return;
     }
-    pump(c);
-}
-
-struct conn *conn_new_test_shared(struct app *app, struct conn_budget *budget)
-{
-    struct conn *c = alloc_conn(app, budget);
-    if (c)
-        c->test = 1;
-    return c;
-}
-
-struct conn *conn_new_test(struct app *app)
-{
-    return conn_new_test_shared(app, NULL);
-}
-
-int conn_feed(struct conn *c, const char *data, size_t n)
-{
-    if (!c->closing) {
-        conn_parse(c, data, n);
-        pump(c);
-    }
-    return c->closing;
-}
-
-int conn_feed_eof(struct conn *c)
-{
-    if (!c->closing) {
-        c->peer_eof = 1;
-        stop_receiving(c);
-        pump(c);
-    }
-    return c->closing;
-}
-
-int conn_test_fire_timer(struct conn *c)
-{
-    if (!c->closing) {
-        if (c->qhead)
-            return 0;
-        fire(c, (c->in_message || c->nreq == 0) ? T_408 : T_CLOSE);
-    }
-    return c->closing;
-}
-
-struct buf *conn_test_output(struct conn *c)
-{
-    return &c->test_out;
-}
-
-int conn_test_closed(const struct conn *c)
-{
-    return c->closing;
-}
-
-size_t conn_test_queued(const struct conn *c)
-{
-    return c->qlen;
-}
-
-void conn_free_test(struct conn *c)
-{
-    if (!c)
-        return;
-    conn_close(c);
-    free_output(c);
-    buf_free(&c->in);
-    buf_free(&c->test_out);
-    free(c);
+    conn_pump(c);
 }

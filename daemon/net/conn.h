@@ -87,4 +87,28 @@ int conn_test_closed(const struct conn *c);
 size_t conn_test_queued(const struct conn *c);
 void conn_free_test(struct conn *c);
 
+/* Test transport, deterministic writes. By default every answer is
+ * "written" whole as soon as it is serialized. From this call on, output
+ * takes the socket's write path instead: each write attempt (the socket's
+ * uv_try_write) takes at most budget bytes (at most INT_MAX; 0: none),
+ * in order, into conn_test_output(). Without hold, what it leaves stays
+ * unsent until the next conn_test_write(); with hold, it becomes a write
+ * in flight (the socket's uv_write) whose buffers the connection must keep
+ * until conn_test_write() completes it, as its callback would. Call before
+ * the first bytes are fed. */
+void conn_test_set_writes(struct conn *c, size_t budget, int hold);
+/* Completes the write in flight, if any, else makes one more write
+ * attempt; then goes on as the connection would (serializes, parses what
+ * waited, writes again). Returns 1 once the connection has closed. */
+int conn_test_write(struct conn *c);
+/* What the output holds right now. */
+struct conn_test_out {
+    size_t unsent;     /* serialized, not yet written (in flight included) */
+    unsigned segs;     /* output segments held */
+    unsigned segs_max; /* most the connection holds */
+    unsigned writing;  /* of them, the write in flight's */
+    size_t out_len;    /* bytes serialized behind the segments */
+};
+void conn_test_out_state(const struct conn *c, struct conn_test_out *st);
+
 #endif

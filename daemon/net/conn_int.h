@@ -1,9 +1,9 @@
 /*
  * Private to the connection: the state that conn_parse.c (llhttp callbacks,
- * request limits, dispatch) and conn.c (the answer queue, serialization,
- * writes, timeouts, close) share. Nothing outside daemon/net/conn*.c
- * includes this header; those files include net/conn.h (the connection's
- * public types) before it.
+ * request limits, dispatch), conn.c (the answer queue, serialization,
+ * writes, timeouts, close) and conn_test.c (the test transport) share.
+ * Nothing outside daemon/net/conn*.c includes this header; those files
+ * include net/conn.h (the connection's public types) before it.
  */
 #ifndef KVIDXD_CONN_INT_H
 #define KVIDXD_CONN_INT_H
@@ -91,6 +91,14 @@ struct conn {
     struct buf spare; /* an empty buffer kept for the next `out` */
     struct buf in;    /* input kept while parsing is paused */
     struct buf test_out;
+    /* Test transport with deterministic writes (conn_test_set_writes):
+     * output goes through start_write as on a socket; each write attempt
+     * takes at most test_budget bytes, and with test_hold the rest is a
+     * write in flight, its iovecs kept here until conn_test_write(). */
+    int test_writes, test_hold;
+    size_t test_budget;
+    uv_buf_t test_wbuf[OUT_SEGS];
+    unsigned test_wn;
 
     int writing, reading, paused, in_parse, in_pump;
     int stop_parsing; /* no further request will be parsed */
@@ -139,6 +147,17 @@ void conn_queue_error(struct conn *c, int err, const char *detail);
 /* Bytes serialized but not yet handed to the kernel. */
 size_t conn_unsent(const struct conn *c);
 uint64_t conn_now_ms(const struct conn *c);
+/* What the test transport (conn_test.c) drives. */
+struct conn *conn_alloc(struct app *app, struct conn_budget *budget); /* NULL: out of memory */
+/* Serializes what is ready, resumes parsing, writes, arms the timer; never
+ * re-entered. */
+void conn_pump(struct conn *c);
+void conn_fire(struct conn *c, enum timer_action a);
+void conn_stop_receiving(struct conn *c);
+/* Frees every output buffer, a write's in flight included. */
+void conn_free_output(struct conn *c);
+/* The uv_write callback. */
+void conn_on_write(uv_write_t *r, int status);
 
 /* conn_parse.c: bytes in, requests dispatched. */
 /* Initializes c->parser with the shared callback table. */
