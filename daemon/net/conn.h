@@ -108,6 +108,7 @@ struct conn_test_out {
     unsigned segs_max; /* most the connection holds */
     unsigned writing;  /* of them, the write in flight's */
     size_t out_len;    /* bytes serialized behind the segments */
+    size_t mem;        /* capacity of every output buffer, the spare included */
 };
 void conn_test_out_state(const struct conn *c, struct conn_test_out *st);
 

@@ -99,6 +99,9 @@ void conn_test_out_state(const struct conn *c, struct conn_test_out *st)
     st->segs_max = OUT_SEGS;
     st->writing = c->seg_writing;
     st->out_len = c->out.len;
+    st->mem = c->out.cap + c->spare.cap;
+    for (unsigned i = 0; i < c->seg_count; i++)
+        st->mem += c->seg[(c->seg_first + i) % OUT_SEGS].b.cap;
 }
 
 void conn_free_test(struct conn *c)

@@ -8,7 +8,8 @@
  * byte. With deterministic writes (conn_test_set_writes) the output goes
  * through the socket's write path: cut k bytes at a time, behind a write
  * held in flight, freed while segments are held, with more large answers
- * than the connection keeps apart.
+ * than the connection keeps apart; and a taken body holds little more
+ * memory than its bytes.
  */
 #include "util/config.h"
 #include "util/context.h"
@@ -538,4 +539,25 @@ Test(bigbody, ring_full_behind_a_held_write)
     buf_free(&want);
     for (size_t i = 0; i < n; i++)
         free(r[i]);
+}
+
+Test(bigbody, taken_body_reserved_for_far_more_is_shrunk)
+{
+    /* A body in a 4 MiB reservation, held in flight: the output holds
+     * about its bytes, not the reservation. */
+    struct conn *c = conn_new_test(&app);
+    conn_test_set_writes(c, 0, 1);
+    const char *in = "GET /reserved?n=40000 HTTP/1.1\r\nHost: x\r\n\r\n";
+    conn_feed(c, in, strlen(in));
+    struct conn_test_out st;
+    conn_test_out_state(c, &st);
+    cr_assert_eq(st.segs, 2, "the body was taken");
+    cr_assert_eq(st.writing, 2);
+    cr_assert_geq(st.mem, 40000);
+    cr_assert_lt(st.mem, 2 * 40000 + 4096, "output holds %zu bytes of memory", st.mem);
+    drain(c);
+    struct buf want = output(in, 0, NULL);
+    cmp_output(c, &want, "reserved", 0, 1);
+    buf_free(&want);
+    conn_free_test(c);
 }
