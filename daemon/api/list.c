@@ -56,6 +56,30 @@ static int ns_json_set(struct ns_json *j, const kvidx_list_entry_t *e)
     return j->valid ? 0 : KVIDX_ENOMEM;
 }
 
+/* The decimal digits of the last value a field had: a page is in key
+ * order, so kv_rank and object_group_id stay the same over long runs of
+ * entries, and so does size_bytes for one model. */
+struct digits {
+    uint64_t v;
+    int valid;
+    size_t n;
+    char s[24];
+};
+
+/* Writes v's digits at o from the memo, copying w bytes: w is the room
+ * the page keeps for the field, at least its most digits. Returns the end
+ * of the digits. */
+static inline char *digits_at(struct digits *m, char *o, uint64_t v, size_t w)
+{
+    if (!m->valid || m->v != v) {
+        m->n = (size_t)(jw_u64_at(m->s, v) - m->s);
+        m->v = v;
+        m->valid = 1;
+    }
+    memcpy(o, m->s, w);
+    return o + m->n;
+}
+
 #define LIT_GROUP ",\"object_group_id\":"
 #define LIT_HASH  ",\"chunk_hash_hex\":\""
 
@@ -72,6 +96,10 @@ static int write_entries(struct buf *b, const kvidx_index_t *idx, const kvidx_re
     memset(&nj, 0, sizeof(nj));
     buf_init(&nj.head);
     buf_init(&nj.tail);
+    struct digits rank, group, size;
+    memset(&rank, 0, sizeof(rank));
+    memset(&group, 0, sizeof(group));
+    memset(&size, 0, sizeof(size));
     int rc = 0, first = 1;
     for (size_t i = 0; i < count && rc == 0; i++) {
         kvidx_list_entry_t e;
@@ -90,13 +118,16 @@ static int write_entries(struct buf *b, const kvidx_index_t *idx, const kvidx_re
             *o++ = ',';
         first = 0;
         memcpy(o, nj.head.data, nj.head.len);
-        o = jw_u64_at(o + nj.head.len, e.kv_rank);
+        o += nj.head.len;
+        o = digits_at(&rank, o, e.kv_rank, 10);
         memcpy(o, LIT_GROUP, sizeof(LIT_GROUP) - 1);
-        o = jw_u64_at(o + sizeof(LIT_GROUP) - 1, e.group);
+        o += sizeof(LIT_GROUP) - 1;
+        o = digits_at(&group, o, e.group, 5);
         memcpy(o, LIT_HASH, sizeof(LIT_HASH) - 1);
         o = jw_hex_at(o + sizeof(LIT_HASH) - 1, e.hash, e.hash_len);
         memcpy(o, nj.tail.data, nj.tail.len);
-        o = jw_u64_at(o + nj.tail.len, e.size_bytes);
+        o += nj.tail.len;
+        o = digits_at(&size, o, e.size_bytes, 20);
         *o++ = '}';
         b->len = (size_t)(o - b->data);
         b->data[b->len] = '\0';
