@@ -964,7 +964,13 @@ class Snapshots(PersistenceBase):
         self.put(d, ks)
         fail_re = re.compile(r"snapshot: the writer failed \(exit status 2\)")
         self.assertTrue(d.wait_log(fail_re, 10), d.log()[-3000:])
+        # The first attempt rotated to one new generation; the writer thread
+        # may create its file after the fast failure is logged.
+        end = time.monotonic() + 10
+        while len(journals(dd)) < 2 and time.monotonic() < end:
+            time.sleep(0.05)
         n1 = len(journals(dd))
+        self.assertEqual(n1, 2, listing_of(dd))
         end = time.monotonic() + 25
         while len(fail_re.findall(d.log())) < 2 and time.monotonic() < end:
             time.sleep(0.2)
